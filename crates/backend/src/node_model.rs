@@ -48,6 +48,16 @@ pub trait NodeModel: Send + 'static {
     ) -> Vec<ipnet::IpNet> {
         Vec::new()
     }
+    /// For a port without any endpoint, its Service's EndpointSlices of a family the Service
+    /// has no cluster IP of, as (family, slices, endpoints): ignored as kube-proxy ignores
+    /// them, which `kpng status` says beside "no endpoints"; empty otherwise, or when this
+    /// model does not see slices (a brain's node).
+    fn slices_of_unserved_families(
+        &self,
+        _key: &kpng_model::PortKey,
+    ) -> Vec<(kpng_model::Family, usize, usize)> {
+        Vec::new()
+    }
     /// The Service that shows `ip` as an address that gets no rules on purpose (an
     /// ExternalName Service's clusterIP, an `ipMode: Proxy` ingress IP), for `kpng trace` to
     /// name it; `None` when no Service does, or when this model does not see Services (a
@@ -168,6 +178,13 @@ impl NodeModel for Model {
 
     fn source_ranges_of_other_families_only(&self, key: &kpng_model::PortKey) -> Vec<ipnet::IpNet> {
         Model::source_ranges_of_other_families_only(self, key)
+    }
+
+    fn slices_of_unserved_families(
+        &self,
+        key: &kpng_model::PortKey,
+    ) -> Vec<(kpng_model::Family, usize, usize)> {
+        Model::slices_of_unserved_families(self, key)
     }
 
     fn not_proxied(&self, ip: std::net::IpAddr) -> Option<kpng_model::trace::NotProxied> {

@@ -52,6 +52,66 @@ pub const TAINT_TO_BE_DELETED: &str = "ToBeDeletedByClusterAutoscaler";
 /// Session affinity timeout when the Service does not set one (3 hours, the API default).
 pub const DEFAULT_AFFINITY_TIMEOUT_SECONDS: u32 = 10_800;
 
+/// The cluster IP of each family the Service serves, as kube-proxy's `GetClusterIPByFamily`:
+/// with `spec.ipFamilies`, a family's cluster IP is `clusterIPs[i]` where `ipFamilies[i]` names
+/// it, and a family it does not name has none (two `clusterIPs` with `ipFamilies: [IPv4]`
+/// program no IPv6 frontend, as kube-proxy); without it, every one of `cluster_ips` (each of
+/// its own family). An `ipFamilies` the API server would refuse (an unknown or repeated
+/// family, more families than cluster IPs, a cluster IP of another family than its entry) is
+/// an error naming the field: kube-proxy's lenient pick would program another family's
+/// address, or silently none, and a refused update keeps the object's last good version.
+/// Cluster IPs past `ipFamilies`' entries are left out with a warning.
+fn by_ip_families(
+    c: &mut Checker<'_>,
+    families: Option<&[String]>,
+    cluster_ips: &[IpAddr],
+) -> Result<Vec<IpAddr>, ConversionError> {
+    let Some(families) = families.filter(|f| !f.is_empty()) else {
+        return Ok(cluster_ips.to_vec());
+    };
+    let mut seen: Vec<bool> = Vec::new();
+    for (i, raw) in families.iter().enumerate() {
+        let field = format!("spec.ipFamilies[{i}]");
+        let v4 = match raw.as_str() {
+            "IPv4" => true,
+            "IPv6" => false,
+            other => {
+                return Err(c.error(field, format!("{other:?} is not IPv4 or IPv6")));
+            }
+        };
+        if seen.contains(&v4) {
+            return Err(c.error(field, format!("{raw} is named twice")));
+        }
+        seen.push(v4);
+        let Some(ip) = cluster_ips.get(i) else {
+            return Err(c.error(
+                field,
+                format!(
+                    "{raw} has no cluster IP: spec.clusterIPs has {} entr{}",
+                    cluster_ips.len(),
+                    if cluster_ips.len() == 1 { "y" } else { "ies" }
+                ),
+            ));
+        };
+        if ip.is_ipv4() != v4 {
+            return Err(c.error(
+                format!("spec.clusterIPs[{i}]"),
+                format!("{ip} is not an {raw} address, as spec.ipFamilies[{i}] says"),
+            ));
+        }
+    }
+    for (i, ip) in cluster_ips.iter().enumerate().skip(families.len()) {
+        c.warn(
+            format!("spec.clusterIPs[{i}]"),
+            format!(
+                "{ip} not used: spec.ipFamilies does not name its family (as kube-proxy, which \
+                 picks a family's cluster IP by spec.ipFamilies)"
+            ),
+        );
+    }
+    Ok(cluster_ips[..families.len()].to_vec())
+}
+
 /// Collects problems found while converting one object.
 struct Checker<'a> {
     object: &'a ObjectRef,
@@ -297,7 +357,8 @@ pub fn service(svc: &Service, warnings: &mut Vec<Warning>) -> Result<ServiceInfo
         return Ok(info);
     }
 
-    // clusterIPs[0] always equals clusterIP; fall back to clusterIP alone for old objects.
+    // clusterIPs[0] equals clusterIP (checked below); fall back to clusterIP alone for old
+    // objects.
     let raw_ips: Vec<String> = match &spec.cluster_ips {
         Some(ips) if !ips.is_empty() => ips.clone(),
         _ => vec![cluster_ip.to_string()],
@@ -319,6 +380,19 @@ pub fn service(svc: &Service, warnings: &mut Vec<Warning>) -> Result<ServiceInfo
         }
         info.cluster_ips.push(ip);
     }
+    if spec.cluster_ips.as_ref().is_some_and(|ips| !ips.is_empty())
+        && info.cluster_ips.first().copied() != parse_ip_sloppy(cluster_ip)
+    {
+        return Err(c.error(
+            "spec.clusterIP",
+            format!(
+                "{cluster_ip:?} is not spec.clusterIPs[0] ({:?}); the API server keeps them \
+                 equal",
+                raw_ips[0]
+            ),
+        ));
+    }
+    info.cluster_ips = by_ip_families(&mut c, spec.ip_families.as_deref(), &info.cluster_ips)?;
 
     for (i, p) in spec.ports.iter().flatten().enumerate() {
         let port = c.port(format!("spec.ports[{i}].port"), p.port)?;
@@ -795,3 +869,6 @@ fn target_port(value: Option<&IntOrString>, port: u16) -> TargetPort {
         _ => TargetPort::Number(port),
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -70,6 +70,33 @@ impl ServiceSource {
         }
     }
 
+    /// The endpoints of the Service's EndpointSlices of a family it has no cluster IP of,
+    /// per family: (family, slices, endpoints). They are ignored, as kube-proxy's proxier per
+    /// family ignores them; `kpng status` says so beside "no endpoints", which would otherwise
+    /// send the operator to the pods (a Service made IPv4-only while its IPv6 slice lingers).
+    pub fn slices_of_unserved_families(&self) -> Vec<(Family, usize, usize)> {
+        let Some(info) = &self.info else {
+            return Vec::new();
+        };
+        let mut out: Vec<(Family, usize, usize)> = Vec::new();
+        for slice in &self.slices {
+            let Some(family) = slice.family else {
+                continue;
+            };
+            if info.cluster_ips.iter().any(|ip| Family::of(ip) == family) {
+                continue;
+            }
+            match out.iter_mut().find(|(f, _, _)| *f == family) {
+                Some((_, slices, endpoints)) => {
+                    *slices += 1;
+                    *endpoints += slice.endpoints.len();
+                }
+                None => out.push((family, 1, slice.endpoints.len())),
+            }
+        }
+        out
+    }
+
     /// The Service's `loadBalancerSourceRanges` when none is of `family`: they do not
     /// restrict that family's load-balancer IPs (kube-proxy applies them per family), which
     /// `kpng status` and `kpng trace` say. Empty when it has a range of `family`, or none.

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use crate::key::{PortKey, ServiceKey};
+use crate::key::{Family, PortKey, ServiceKey};
 use crate::model::Snapshot;
 use crate::service_port::ServicePort;
 
@@ -138,6 +138,12 @@ pub struct DiffSummary {
     /// The first Services the changes belong to, in key order, at most
     /// [`DiffSummary::NAMED`]: an operator reads which Service an edit reached.
     pub services: Vec<ServiceKey>,
+    /// On a node with both families ([`DiffSummary::of_node`]), the family of each of
+    /// `services` when the changes to it are all of one family (`None`: both), so that the line
+    /// reads `1 removed (default/aff IPv4)` and not as the whole Service gone during a
+    /// migration. Empty on a single-stack node: its line names no family but IPv6 ports'
+    /// (as [`EndpointChanges::port`]).
+    pub service_families: Vec<Option<Family>>,
     /// How many Services the changes belong to in all.
     pub service_count: usize,
     /// The first ports whose endpoints alone changed, each with what changed, at most
@@ -150,7 +156,8 @@ pub struct DiffSummary {
 /// `default/web:80/TCP endpoints 2→1 (-10.244.1.2:8080)`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EndpointChanges {
-    /// The port: `namespace/name:port/protocol`, ` IPv6` added for that family.
+    /// The port: `namespace/name:port/protocol`, ` IPv6` added for that family (and ` IPv4`
+    /// for that one on a node with both families).
     pub port: String,
     /// How many endpoints the port used before and after.
     pub before: usize,
@@ -171,6 +178,7 @@ impl EndpointChanges {
 
     /// What changed from `old` to `new`, two states of the same port (O(endpoints of the
     /// port); the summary does it for [`DiffSummary::DETAILED`] ports at most).
+    /// An IPv4 port is not labelled: [`DiffSummary::of_node`] labels it on a dual-stack node.
     pub fn of(old: &ServicePort, new: &ServicePort) -> EndpointChanges {
         let used = |p: &ServicePort| -> BTreeMap<SocketAddr, &'static str> {
             p.cluster_endpoints
@@ -218,11 +226,12 @@ impl EndpointChanges {
     }
 }
 
-/// A port as the sync line names it: `default/web:80/TCP` (` IPv6` added for that family).
+/// A port as the sync line names it: `default/web:80/TCP` (` IPv6` added for that family;
+/// ` IPv4` is added by [`DiffSummary::of_node`] on a dual-stack node).
 fn port_words(port: &ServicePort) -> String {
     let family = match port.key.family {
-        crate::key::Family::V4 => "",
-        crate::key::Family::V6 => " IPv6",
+        Family::V4 => "",
+        Family::V6 => " IPv6",
     };
     format!(
         "{}:{}/{}{family}",
@@ -250,8 +259,22 @@ impl DiffSummary {
     /// How many ports' endpoint changes a summary details ([`DiffSummary::endpoint_changes`]).
     pub const DETAILED: usize = 2;
 
-    /// Counts a diff's changes (one pass; the ports of a Service are adjacent in key order).
+    /// Counts a diff's changes (one pass; the ports of a Service are adjacent in key order),
+    /// for a single-stack node: only IPv6 ports are labelled with their family.
     pub fn of(diff: &Diff) -> DiffSummary {
+        DiffSummary::of_node(diff, &[], &[])
+    }
+
+    /// [`DiffSummary::of`] on a node whose backend serves `families`, and which programmed
+    /// ports of the families `programmed` before this diff. When the node serves both and has
+    /// ports of both (before or in this diff: a migration under way), the line labels the
+    /// family of each change (`default/aff IPv4`, `default/aff:80/TCP IPv4 endpoints 2→0`), as
+    /// `kpng status` rows do; an IPv4 cluster's nodes (whose nftables or iptables backend
+    /// serves both families too) keep their lines unlabelled.
+    pub fn of_node(diff: &Diff, families: &[Family], programmed: &[Family]) -> DiffSummary {
+        // The families this diff has ports of, and whether each detailed change is IPv4's.
+        let (mut v4_in_diff, mut v6_in_diff) = (false, false);
+        let mut v4_changes = Vec::new();
         let mut s = DiffSummary {
             node_changed: diff.node_changed,
             node_changes: diff.node_changes,
@@ -259,12 +282,23 @@ impl DiffSummary {
         };
         let mut last: Option<&ServiceKey> = None;
         for (key, change) in &diff.changes {
+            match key.family {
+                Family::V4 => v4_in_diff = true,
+                Family::V6 => v6_in_diff = true,
+            }
             if last != Some(&key.service) {
                 s.service_count += 1;
                 if s.services.len() < Self::NAMED {
                     s.services.push(key.service.clone());
+                    s.service_families.push(Some(key.family));
                 }
                 last = Some(&key.service);
+            } else if s.services.last() == Some(&key.service)
+                && let Some(named) = s.service_families.last_mut()
+                && *named != Some(key.family)
+            {
+                // Both families of this Service changed.
+                *named = None;
             }
             match (&change.old, &change.new) {
                 (None, Some(_)) => s.added += 1,
@@ -273,11 +307,24 @@ impl DiffSummary {
                     s.endpoints_changed += 1;
                     if s.endpoint_changes.len() < Self::DETAILED {
                         s.endpoint_changes.push(EndpointChanges::of(old, new));
+                        v4_changes.push(key.family == Family::V4);
                     }
                 }
                 (Some(_), Some(_)) => s.frontend_changed += 1,
                 (None, None) => {}
             }
+        }
+        let has = |family: Family, in_diff: bool| {
+            families.contains(&family) && (in_diff || programmed.contains(&family))
+        };
+        if has(Family::V4, v4_in_diff) && has(Family::V6, v6_in_diff) {
+            for (change, v4) in s.endpoint_changes.iter_mut().zip(v4_changes) {
+                if v4 {
+                    change.port.push_str(" IPv4");
+                }
+            }
+        } else {
+            s.service_families.clear();
         }
         s
     }
@@ -300,7 +347,15 @@ impl std::fmt::Display for DiffSummary {
             f.write_str("no Service port changed")?;
         } else {
             write!(f, "Service ports: {}", parts.join(", "))?;
-            let names: Vec<String> = self.services.iter().map(ToString::to_string).collect();
+            let names: Vec<String> = self
+                .services
+                .iter()
+                .enumerate()
+                .map(|(i, service)| match self.service_families.get(i) {
+                    Some(Some(family)) => format!("{service} {}", family.label()),
+                    _ => service.to_string(),
+                })
+                .collect();
             if !names.is_empty() {
                 write!(f, " ({}", names.join(", "))?;
                 match self.service_count.saturating_sub(names.len()) {
@@ -651,5 +706,128 @@ mod tests {
             DiffSummary::of(&diff).to_string(),
             "Service ports: 2 added (ns/a)"
         );
+    }
+
+    /// On a node with both families, the sync line labels the family of each change: an IPv4
+    /// port removed or emptied during a migration to IPv6 read as the whole Service going
+    /// down. A single-stack node's line (or an IPv4 cluster's, whose backend serves both
+    /// families) stays as it was, IPv6 ports alone labelled.
+    /// (case, the backend's families, the families programmed before, changes as (service,
+    /// family, old endpoints, new endpoints; `None`: no port), the line)
+    #[test]
+    fn a_dual_stack_node_s_summary_names_the_family_of_each_change() {
+        type Ips = Option<&'static [&'static str]>;
+        type Case = (
+            &'static str,
+            &'static [Family],
+            &'static [Family],
+            Vec<(&'static str, Family, Ips, Ips)>,
+            &'static str,
+        );
+        const BOTH: &[Family] = &[Family::V4, Family::V6];
+        const V4: &[Family] = &[Family::V4];
+        const TWO: &[&str] = &["10.244.1.2", "10.244.2.2"];
+        const NONE: &[&str] = &[];
+        const V6_TWO: &[&str] = &["fd00::1:2", "fd00::2:2"];
+        let cases: Vec<Case> = vec![
+            (
+                "an IPv4 port removed",
+                BOTH,
+                BOTH,
+                vec![("aff", Family::V4, Some(NONE), None)],
+                "Service ports: 1 removed (ns/aff IPv4)",
+            ),
+            (
+                "IPv4 endpoints gone",
+                BOTH,
+                BOTH,
+                vec![("long", Family::V4, Some(TWO), Some(NONE))],
+                "Service ports: 1 with new endpoints (ns/long IPv4): ns/long:80/TCP IPv4 \
+                 endpoints 2→0 (-10.244.1.2:8080, -10.244.2.2:8080)",
+            ),
+            (
+                "IPv6 endpoints came",
+                BOTH,
+                BOTH,
+                vec![("aff", Family::V6, Some(NONE), Some(V6_TWO))],
+                "Service ports: 1 with new endpoints (ns/aff IPv6): ns/aff:80/TCP IPv6 \
+                 endpoints 0→2 (+[fd00::1:2]:8080, +[fd00::2:2]:8080)",
+            ),
+            (
+                "both families of a Service removed: the whole Service, unlabelled",
+                BOTH,
+                BOTH,
+                vec![
+                    ("web", Family::V4, Some(NONE), None),
+                    ("web", Family::V6, Some(NONE), None),
+                ],
+                "Service ports: 2 removed (ns/web)",
+            ),
+            (
+                "one Service's IPv4, another's both",
+                BOTH,
+                BOTH,
+                vec![
+                    ("a", Family::V4, None, Some(NONE)),
+                    ("b", Family::V4, None, Some(NONE)),
+                    ("b", Family::V6, None, Some(NONE)),
+                ],
+                "Service ports: 3 added (ns/a IPv4, ns/b)",
+            ),
+            (
+                "the first IPv6 port of an IPv4 cluster: labelled from this sync on",
+                BOTH,
+                V4,
+                vec![
+                    ("a", Family::V6, None, Some(NONE)),
+                    ("long", Family::V4, Some(TWO), Some(NONE)),
+                ],
+                "Service ports: 1 added, 1 with new endpoints (ns/a IPv6, ns/long IPv4): \
+                 ns/long:80/TCP IPv4 endpoints 2→0 (-10.244.1.2:8080, -10.244.2.2:8080)",
+            ),
+            (
+                "an IPv4 cluster on a backend serving both families: unlabelled, as before",
+                BOTH,
+                V4,
+                vec![("long", Family::V4, Some(TWO), Some(NONE))],
+                "Service ports: 1 with new endpoints (ns/long): ns/long:80/TCP endpoints 2→0 \
+                 (-10.244.1.2:8080, -10.244.2.2:8080)",
+            ),
+            (
+                "a single-stack node: unlabelled, as before",
+                V4,
+                V4,
+                vec![
+                    ("long", Family::V4, Some(TWO), Some(NONE)),
+                    ("v6", Family::V6, None, Some(NONE)),
+                ],
+                "Service ports: 1 added, 1 with new endpoints (ns/long, ns/v6): ns/long:80/TCP \
+                 endpoints 2→0 (-10.244.1.2:8080, -10.244.2.2:8080)",
+            ),
+        ];
+        let state = |name: &str, family: Family, ips: &[&str]| {
+            let mut p = port(name);
+            p.key.family = family;
+            p.cluster_endpoints = ips.iter().map(|ip| endpoint(ip, true, false)).collect();
+            p.has_any_endpoints = !ips.is_empty();
+            Arc::new(p)
+        };
+        for (case, families, programmed, changes, want) in cases {
+            let mut diff = Diff::default();
+            for (name, family, old, new) in changes {
+                let mut key = port(name).key;
+                key.family = family;
+                diff.record(
+                    key,
+                    old.map(|ips| state(name, family, ips)),
+                    new.map(|ips| state(name, family, ips)),
+                );
+            }
+            assert_eq!(
+                DiffSummary::of_node(&diff, families, programmed).to_string(),
+                want,
+                "{case}"
+            );
+        }
     }
 }

@@ -231,6 +231,25 @@ impl Model {
             .explain(port, &self.snapshot.node)
     }
 
+    /// For a port of `key`'s Service without any endpoint: the Service's EndpointSlices of a
+    /// family it has no cluster IP of, as (family, slices, endpoints), ignored as kube-proxy
+    /// ignores them ([`crate::ServiceSource::slices_of_unserved_families`]). Empty when the port has
+    /// endpoints or the Service no such slice.
+    pub fn slices_of_unserved_families(&self, key: &PortKey) -> Vec<(Family, usize, usize)> {
+        let without = self
+            .snapshot
+            .ports
+            .get(key)
+            .is_some_and(|p| !p.has_any_endpoints);
+        if !without {
+            return Vec::new();
+        }
+        self.cluster
+            .source(&key.service)
+            .map(|s| s.slices_of_unserved_families())
+            .unwrap_or_default()
+    }
+
     /// The `loadBalancerSourceRanges` of the Service of `key` when none is of the port's
     /// family, for a port that has load-balancer IPs: they then let every source in (as in
     /// kube-proxy), which `kpng status` and `kpng trace` say. Empty otherwise.

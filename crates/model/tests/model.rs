@@ -1809,3 +1809,70 @@ fn a_clusterip_of_a_service_not_ours_is_found_by_its_service() {
         assert_eq!(found, want, "--service-proxy-name {proxy_name:?}");
     }
 }
+
+/// A Service's EndpointSlices of a family it has no cluster IP of are ignored, as kube-proxy
+/// ignores them, and the model says so for a port without endpoints (`kpng status` adds it to
+/// "no endpoints", which alone sends the operator to the pods).
+/// (case, cluster IPs, slices as (name, endpoint IPs), for the IPv4 port: what is ignored)
+#[test]
+fn slices_of_a_family_the_service_does_not_serve_are_named_for_a_port_without_endpoints() {
+    type Case = (
+        &'static str,
+        &'static [&'static str],
+        Vec<(&'static str, &'static [&'static str])>,
+        Vec<(Family, usize, usize)>,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "an IPv4-only Service with an IPv6 slice",
+            &["10.96.0.10"],
+            vec![("v6", &["fd00::1:2"])],
+            vec![(Family::V6, 1, 1)],
+        ),
+        (
+            "two IPv6 slices",
+            &["10.96.0.10"],
+            vec![
+                ("v6a", &["fd00::1:2", "fd00::2:2"]),
+                ("v6b", &["fd00::3:2"]),
+            ],
+            vec![(Family::V6, 2, 3)],
+        ),
+        (
+            "the IPv4 port has endpoints: nothing to say",
+            &["10.96.0.10"],
+            vec![("v4", &["10.244.1.2"]), ("v6", &["fd00::1:2"])],
+            vec![],
+        ),
+        (
+            "dual-stack, IPv6 endpoints only: the IPv6 slice is served",
+            &["10.96.0.10", "fd00:96::10"],
+            vec![("v6", &["fd00::1:2"])],
+            vec![],
+        ),
+        ("no slice at all", &["10.96.0.10"], vec![], vec![]),
+    ];
+    for (case, cluster_ips, slices, want) in cases {
+        let mut m = model();
+        m.apply(Event::Apply(svc(
+            "web",
+            json!({"clusterIP": cluster_ips[0], "clusterIPs": cluster_ips,
+                   "ports": [{"name": "p80", "port": 80, "protocol": "TCP"}]}),
+        )));
+        for (name, ips) in slices {
+            let endpoints: Vec<(&str, &str, bool, bool, bool)> = ips
+                .iter()
+                .map(|ip| (*ip, "node-b", true, true, false))
+                .collect();
+            m.apply(Event::Apply(eps("web", name, 8080, &endpoints)));
+        }
+        let key = PortKey {
+            service: ServiceKey::new("ns", "web"),
+            port_name: "p80".into(),
+            protocol: Protocol::Tcp,
+            family: Family::V4,
+        };
+        assert!(m.snapshot().ports.contains_key(&key), "{case}");
+        assert_eq!(m.slices_of_unserved_families(&key), want, "{case}");
+    }
+}

@@ -10,7 +10,7 @@ use std::time::SystemTime;
 use ipnet::IpNet;
 use kpng_model::inspect::EndpointStatus;
 use kpng_model::trace::{BackendTraits, NodeFacts, Trace, TraceQuery};
-use kpng_model::{ServicePort, Snapshot};
+use kpng_model::{Family, ServicePort, Snapshot};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 
@@ -1145,6 +1145,32 @@ impl PortStatus {
         }
     }
 
+    /// Adds to the "no endpoints" sentence the Service's EndpointSlices of a family it has no
+    /// cluster IP of (`unserved`: family, slices, endpoints; see
+    /// `kpng_model::Model::slices_of_unserved_families`): ignored, as kube-proxy ignores
+    /// them, but "no endpoints" alone sends the operator to the pods, while the endpoints are
+    /// there, in a slice of the wrong family (a Service made IPv4-only while its IPv6 slice
+    /// lingers, an endpoints controller writing the wrong family).
+    pub fn note_slices_of_unserved_families(&mut self, unserved: &[(Family, usize, usize)]) {
+        let Some(text) = &mut self.without_endpoints else {
+            return;
+        };
+        for (family, slices, endpoints) in unserved {
+            let family = family.label();
+            let endpoints = match endpoints {
+                1 => "1 endpoint".to_string(),
+                n => format!("{n} endpoints"),
+            };
+            let slices = match slices {
+                1 => format!("its {family} EndpointSlice ({endpoints}) is"),
+                n => format!("its {n} {family} EndpointSlices ({endpoints}) are"),
+            };
+            text.push_str(&format!(
+                "; {slices} ignored: the Service has no {family} cluster IP (as kube-proxy)"
+            ));
+        }
+    }
+
     /// Whether the row, as the status page shows it (Service, port, protocol, family,
     /// frontends, policies, endpoint addresses), contains `lowercase_text`.
     pub fn row_contains(&self, lowercase_text: &str) -> bool {
@@ -1542,6 +1568,47 @@ mod tests {
         // Endpoints, none usable: the cluster list is empty, not only the local one.
         let status = PortStatus::of(&unusable, None, &linux);
         assert!(!status.without_local_endpoint_only());
+
+        // The Service's slices of a family it does not serve are named beside "no endpoints";
+        // a port with endpoints has no such sentence to add to.
+        type Unserved = &'static [(Family, usize, usize)];
+        let note_cases: [(&str, ServicePort, Unserved, Option<&str>); 4] = [
+            (
+                "one IPv6 slice",
+                port(&[], false, false),
+                &[(Family::V6, 1, 1)],
+                Some(
+                    "no endpoints: connections are rejected; its IPv6 EndpointSlice (1 endpoint) \
+                     is ignored: the Service has no IPv6 cluster IP (as kube-proxy)",
+                ),
+            ),
+            (
+                "two IPv4 slices",
+                port(&[], false, false),
+                &[(Family::V4, 2, 3)],
+                Some(
+                    "no endpoints: connections are rejected; its 2 IPv4 EndpointSlices (3 \
+                     endpoints) are ignored: the Service has no IPv4 cluster IP (as kube-proxy)",
+                ),
+            ),
+            (
+                "none",
+                port(&[], false, false),
+                &[],
+                Some("no endpoints: connections are rejected"),
+            ),
+            (
+                "endpoints: nothing to add to",
+                port(&remote_only, false, false),
+                &[(Family::V6, 1, 1)],
+                None,
+            ),
+        ];
+        for (what, port, unserved, want) in note_cases {
+            let mut status = PortStatus::of(&port, None, &linux);
+            status.note_slices_of_unserved_families(unserved);
+            assert_eq!(status.without_endpoints.as_deref(), want, "{what}");
+        }
     }
 
     /// The input's prose has words for scripts beside it: its kind and location, its state,

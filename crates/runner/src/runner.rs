@@ -602,10 +602,13 @@ impl<M: NodeModel> LoopState<M> {
                     let mut status = PortStatus::of(port, self.runner.model.explain(key), &traits);
                     status.source_ranges_of_other_families_only =
                         self.runner.model.source_ranges_of_other_families_only(key);
+                    status.note_slices_of_unserved_families(
+                        &self.runner.model.slices_of_unserved_families(key),
+                    );
                     if port.health_check_node_port.is_some()
                         && let Some((servers, _)) = &self.runner.service_health
                     {
-                        status.health_check = servers.answer(svc);
+                        status.health_check = servers.answer(svc, key.family);
                     }
                     if text.as_deref().is_none_or(|t| status.row_contains(t)) {
                         if in_page(matching) {

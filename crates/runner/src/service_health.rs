@@ -13,7 +13,10 @@
 //! family, as the node ports themselves), read again at full, node and periodic syncs so that an
 //! address added is bound and one removed is closed ([`ListenAddresses`]). Each Service's
 //! check listens only on the addresses of its own families ([`ServiceFamilies`]), as upstream's
-//! server per family's proxier: an IPv6-only Service's check has no IPv4 listener.
+//! server per family's proxier: an IPv6-only Service's check has no IPv4 listener. And each
+//! listener answers with the local ready endpoints of its own family only ([`LocalEndpoints`]),
+//! as that server is fed only its family's endpoints: a dual-stack Service whose local
+//! endpoints are all IPv6 answers 503 on IPv4, whose traffic kpng rejects.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -270,11 +273,57 @@ impl ListenAddresses {
 pub struct HealthCheck {
     /// The `healthCheckNodePort`.
     pub port: u16,
-    /// Local ready endpoints (terminating ones excluded), over all ports and families.
-    pub local_endpoints: u32,
+    /// Local ready endpoints (terminating ones excluded) per family, over the Service's ports
+    /// of that family: each family's listeners answer with their own family's count.
+    pub local_endpoints: LocalEndpoints,
     /// The Service's families (among the backend's): its check listens on addresses of these
     /// only.
     pub families: ServiceFamilies,
+}
+
+/// A Service's local ready endpoints per IP family. kube-proxy runs a proxier per family, each
+/// with its own health server fed only that family's endpoints: a dual-stack Service whose
+/// local endpoints are all IPv6 answers 503 on the node's IPv4 addresses (whose traffic kpng
+/// rejects, as there is no IPv4 endpoint) and 200 on its IPv6 ones. One count for both
+/// families told an IPv4 load balancer to send traffic to a node that refuses it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LocalEndpoints {
+    v4: u32,
+    v6: u32,
+}
+
+impl LocalEndpoints {
+    /// `count` endpoints of `family`, none of the other.
+    pub fn of(family: Family, count: u32) -> LocalEndpoints {
+        match family {
+            Family::V4 => LocalEndpoints { v4: count, v6: 0 },
+            Family::V6 => LocalEndpoints { v4: 0, v6: count },
+        }
+    }
+
+    /// `count` endpoints in each family.
+    pub fn both(count: u32) -> LocalEndpoints {
+        LocalEndpoints {
+            v4: count,
+            v6: count,
+        }
+    }
+
+    /// The count a listener of `family` answers with.
+    pub fn get(self, family: Family) -> u32 {
+        match family {
+            Family::V4 => self.v4,
+            Family::V6 => self.v6,
+        }
+    }
+
+    /// Per family, the larger of the two (ports of one Service share its endpoints).
+    fn max(self, other: LocalEndpoints) -> LocalEndpoints {
+        LocalEndpoints {
+            v4: self.v4.max(other.v4),
+            v6: self.v6.max(other.v6),
+        }
+    }
 }
 
 /// The IP families a Service has ports of. kube-proxy runs a health server per family's
@@ -361,13 +410,14 @@ pub fn wanted_for(
 fn port_check(sp: &ServicePort) -> Option<HealthCheck> {
     sp.health_check_node_port.map(|port| HealthCheck {
         port,
-        local_endpoints: sp.local_ready_endpoints,
+        local_endpoints: LocalEndpoints::of(sp.key.family, sp.local_ready_endpoints),
         families: ServiceFamilies::of(sp.key.family),
     })
 }
 
 /// Two ports' views of one Service's check. kube-proxy reports the Service's local ready
-/// endpoints; ports of one Service share them, so the largest per-port count is the Service's.
+/// endpoints of the family; ports of one Service share them, so the largest per-port count of
+/// a family is the Service's in that family (never the other family's: see [`LocalEndpoints`]).
 /// The port is the first port's (all ports of a Service carry the same one); the families are
 /// both ports'.
 fn merge(first: HealthCheck, other: HealthCheck) -> HealthCheck {
@@ -388,18 +438,18 @@ pub fn body(service: &ServiceKey, local_endpoints: u32, proxy_healthy: bool) -> 
     )
 }
 
-/// What every check's answer reads: the local endpoint counts and the proxy's health. The
-/// one router of all the checks holds it as its state; which Service a request is for comes
-/// with the request ([`answer`]).
+/// What every check's answer reads: the local endpoint counts (per family) and the proxy's
+/// health. The one router of all the checks holds it as its state; which Service a request is
+/// for, and the family of the listener it came to, come with the request ([`answer`]).
 #[derive(Clone)]
 struct Shared {
-    counts: Arc<RwLock<HashMap<ServiceKey, u32>>>,
+    counts: Arc<RwLock<HashMap<ServiceKey, LocalEndpoints>>>,
     health: Arc<ProxyHealth>,
 }
 
 /// The router every health-check listener serves: built once, shared (cloning a `Router` is
-/// a reference count). Each listener tags its requests with its Service
-/// ([`crate::guarded_http::serve_tagged`]); a router per listener, with the Service in its
+/// a reference count). Each listener tags its requests with its Service and its address's
+/// family ([`Probed`], [`crate::guarded_http::serve_tagged`]); a router per listener, with the Service in its
 /// state, was ~3.5 KiB each, 5 MiB of the ~9 MiB that 1,500 checks added to kpng's peak
 /// RSS at 30k Services.
 fn router(shared: Shared) -> Router {
@@ -417,17 +467,23 @@ fn answer_status(local_endpoints: u32, healthy: bool) -> StatusCode {
     }
 }
 
-async fn answer(
-    State(shared): State<Shared>,
-    Extension(service): Extension<ServiceKey>,
-) -> Response {
+/// What a listener tags its requests with: the Service whose check it serves, and the family
+/// of its address (`0.0.0.0` is IPv4, `[::]` IPv6: the IPv6 wildcard is v6-only, [`bind`]),
+/// whose local endpoint count it answers with.
+#[derive(Debug, Clone)]
+struct Probed {
+    service: ServiceKey,
+    family: Family,
+}
+
+async fn answer(State(shared): State<Shared>, Extension(probed): Extension<Probed>) -> Response {
+    let Probed { service, family } = probed;
     let count = shared
         .counts
         .read()
         .unwrap_or_else(|e| e.into_inner())
         .get(&service)
-        .copied()
-        .unwrap_or(0);
+        .map_or(0, |c| c.get(family));
     let healthy = shared.health.is_healthy(SystemTime::now());
     let status = answer_status(count, healthy);
     let mut response = (status, body(&service, count, healthy)).into_response();
@@ -558,7 +614,8 @@ pub struct HealthCheckAnswer {
     /// ready endpoint, or the proxy is not healthy); `None` when nothing answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<u16>,
-    /// The local ready endpoints it reports (`X-Load-Balancing-Endpoint-Weight`).
+    /// The local ready endpoints it reports (`X-Load-Balancing-Endpoint-Weight`) on the
+    /// addresses of the family asked about: that family's only.
     pub local_endpoints: u32,
     /// Why nothing answers, when the server could not start; with a `status`, where it could
     /// not start while it answers on the node's other addresses.
@@ -654,16 +711,16 @@ impl ServiceHealthServers {
             .collect()
     }
 
-    /// What this node tells a load balancer probing `service`'s health check now: the status
-    /// code and the local endpoint count its server answers with, or why it is not served.
-    /// `None` when the Service has no health check here.
-    pub fn answer(&self, service: &ServiceKey) -> Option<HealthCheckAnswer> {
+    /// What this node tells a load balancer probing `service`'s health check on an address of
+    /// `family` now: the status code and the local endpoint count of that family its server
+    /// answers with, or why it is not served. `None` when the Service has no health check here.
+    pub fn answer(&self, service: &ServiceKey, family: Family) -> Option<HealthCheckAnswer> {
         let failed = self.not_started.get(service);
         let Some(running) = self.running.get(service) else {
             return failed.map(|failed| HealthCheckAnswer {
                 port: failed.check.port,
                 status: None,
-                local_endpoints: failed.check.local_endpoints,
+                local_endpoints: failed.check.local_endpoints.get(family),
                 not_served: Some(failed.error.clone()),
                 refused_connections: None,
             });
@@ -672,7 +729,7 @@ impl ServiceHealthServers {
             .refusals
             .recent(std::time::Instant::now(), RECENT_REFUSALS)
             .map(|(total, ago)| (total, ago.as_secs()));
-        let local_endpoints = self.counts().get(service).copied().unwrap_or(0);
+        let local_endpoints = self.counts().get(service).map_or(0, |c| c.get(family));
         if running.addresses.is_empty() {
             return Some(HealthCheckAnswer {
                 port: running.port,
@@ -882,7 +939,7 @@ impl ServiceHealthServers {
     }
 
     /// The local endpoint counts the servers answer with.
-    fn counts(&self) -> std::sync::RwLockReadGuard<'_, HashMap<ServiceKey, u32>> {
+    fn counts(&self) -> std::sync::RwLockReadGuard<'_, HashMap<ServiceKey, LocalEndpoints>> {
         self.shared.counts.read().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -896,7 +953,10 @@ impl ServiceHealthServers {
             match bind(addr) {
                 Ok(listener) => {
                     let app = self.app.clone();
-                    let service = key.clone();
+                    let probed = Probed {
+                        service: key.clone(),
+                        family: Family::of(&ip),
+                    };
                     let guard = self
                         .guard
                         .for_service(&key.to_string(), running.refusals.clone());
@@ -908,7 +968,7 @@ impl ServiceHealthServers {
                                 app,
                                 guard,
                                 OpenConnections::default(),
-                                service,
+                                probed,
                             )
                             .await;
                         }),

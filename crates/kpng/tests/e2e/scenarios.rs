@@ -1854,6 +1854,76 @@ pub fn health_check_node_port_reports_local_ready_endpoints(b: Backend) {
         serde_json::json!({"port": 32160, "status": 503, "localEndpoints": 0})
     );
 
+    // Mid-migration, local endpoints in IPv6 only: each family's listener answers with its
+    // family's count, as kube-proxy's health server per family's proxier. The IPv4 listener
+    // says 503 (kpng rejects IPv4 traffic: no IPv4 endpoint), the IPv6 one 200, weight 2;
+    // one count over both families drew an IPv4 load balancer's traffic to a node refusing it.
+    let v6_only = {
+        let both = slices("hc", &[("pod1a", Cond::Ready), ("pod1b", Cond::Ready)]);
+        let empty = slices("hc", &[]);
+        let v4_empty = empty.split("---\n").next().expect("the IPv4 slice");
+        let v6 = both.split("---\n").nth(1).expect("the IPv6 slice");
+        format!(
+            "{}---\n{v4_empty}---\n{v6}",
+            service_fams(
+                "hc",
+                60,
+                "LoadBalancer",
+                "externalTrafficPolicy: Local, healthCheckNodePort: 32160",
+                true
+            )
+        )
+    };
+    k.apply(&manifest(&[v6_only]));
+    let url6 = format!("http://[{}]:32160/", addr::NODE1_LAN_V6);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let (status, headers, text) = loop {
+        let answer = http_get(&c.ext.ns, &url6);
+        if answer.0 == 200 || std::time::Instant::now() >= deadline {
+            break answer;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status, 200, "GET over IPv6: {text}");
+    assert_eq!(text, body(2), "GET over IPv6");
+    assert_eq!(
+        headers
+            .get("x-load-balancing-endpoint-weight")
+            .map(String::as_str),
+        Some("2")
+    );
+    let (status, _, text) = http_get(&c.ext.ns, &url);
+    assert_eq!(status, 503, "GET over IPv4: {text}");
+    assert_eq!(text, body(0), "GET over IPv4");
+    // `kpng status` says each family's answer on its row.
+    let status = k.status_json();
+    let per_family: Vec<(String, serde_json::Value)> = status["services"]
+        .as_array()
+        .expect("services")
+        .iter()
+        .filter(|p| p["service"] == "default/hc" && p["protocol"] == "TCP")
+        .map(|p| {
+            (
+                p["family"].as_str().unwrap_or("").to_string(),
+                p["healthCheck"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        per_family,
+        [
+            (
+                "IPv4".to_string(),
+                serde_json::json!({"port": 32160, "status": 503, "localEndpoints": 0})
+            ),
+            (
+                "IPv6".to_string(),
+                serde_json::json!({"port": 32160, "status": 200, "localEndpoints": 2})
+            ),
+        ],
+        "{status}"
+    );
+
     // The Service turns eTP Cluster: the health check closes.
     k.apply(&manifest(&[svc(
         "hc",

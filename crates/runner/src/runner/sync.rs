@@ -157,23 +157,31 @@ impl<M: NodeModel> LoopState<M> {
             pending = unsynced;
         }
         let changed_names = changed_services(&pending);
+        // The families the node programmed ports of at the last sync: on a node serving both,
+        // the line names each change's family once both are in use (a migration under way).
+        let programmed: Vec<Family> = self
+            .model_counts
+            .iter()
+            .filter(|(_, c)| c.ports > 0)
+            .map(|(family, _)| *family)
+            .collect();
         let (diff, taken, summary) = if full {
             let full_diff = Diff::full(snapshot);
             if self.last_ok_at.is_some() {
-                let summary = DiffSummary::of(&pending);
+                let summary = DiffSummary::of_node(&pending, &self.families, &programmed);
                 (full_diff, Some(pending), summary)
             } else if carried > 0 {
                 // Nothing programmed yet after a failed sync: every port is a change.
                 drop(pending);
-                let summary = DiffSummary::of(&full_diff);
+                let summary = DiffSummary::of_node(&full_diff, &self.families, &programmed);
                 (full_diff, None, summary)
             } else {
-                let summary = DiffSummary::of(&pending);
+                let summary = DiffSummary::of_node(&pending, &self.families, &programmed);
                 drop(pending);
                 (full_diff, None, summary)
             }
         } else {
-            let summary = DiffSummary::of(&pending);
+            let summary = DiffSummary::of_node(&pending, &self.families, &programmed);
             (pending, None, summary)
         };
         // A full sync repairs what someone else changed; the sync says so (its changes alone

@@ -17,7 +17,16 @@ fn free_port() -> u16 {
 
 /// (status, headers lower-cased, body)
 fn get(port: u16, path: &str) -> std::io::Result<(u16, HashMap<String, String>, String)> {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    get_at(IpAddr::from([127, 0, 0, 1]), port, path)
+}
+
+/// [`get`] on `ip`.
+fn get_at(
+    ip: IpAddr,
+    port: u16,
+    path: &str,
+) -> std::io::Result<(u16, HashMap<String, String>, String)> {
+    let mut s = std::net::TcpStream::connect((ip, port))?;
     s.set_read_timeout(Some(Duration::from_secs(2)))?;
     write!(
         s,
@@ -78,7 +87,7 @@ async fn answers_by_local_endpoint_count_and_closes_with_the_service() {
             key.clone(),
             HealthCheck {
                 port,
-                local_endpoints: count,
+                local_endpoints: LocalEndpoints::both(count),
                 families: ServiceFamilies::BOTH,
             },
         )]);
@@ -124,7 +133,7 @@ async fn an_unhealthy_proxy_answers_503_even_with_endpoints() {
             key.clone(),
             HealthCheck {
                 port,
-                local_endpoints: 3,
+                local_endpoints: LocalEndpoints::both(3),
                 families: ServiceFamilies::BOTH,
             },
         )]),
@@ -156,7 +165,7 @@ fn one_check(port: u16) -> (ServiceKey, BTreeMap<ServiceKey, HealthCheck>) {
     let key = ServiceKey::new("ns", "svc");
     let check = HealthCheck {
         port,
-        local_endpoints: 1,
+        local_endpoints: LocalEndpoints::both(1),
         families: ServiceFamilies::BOTH,
     };
     (key.clone(), BTreeMap::from([(key, check)]))
@@ -224,7 +233,7 @@ async fn an_address_that_cannot_be_bound_leaves_the_others_served() {
             .0
     };
     assert_eq!(answered().await, 200);
-    let answer = hc.answer(&key).expect("an answer");
+    let answer = hc.answer(&key, Family::V4).expect("an answer");
     assert_eq!(answer.status, Some(200), "{answer:?}");
     assert!(
         hc.not_served_for(&key).is_none(),
@@ -246,7 +255,7 @@ async fn an_address_that_cannot_be_bound_leaves_the_others_served() {
     hc.sync(&wanted, &addresses).await;
     assert!(hc.not_served().is_empty());
     assert_eq!(not_served.get(), 0);
-    assert_eq!(hc.answer(&key).and_then(|a| a.not_served), None);
+    assert_eq!(hc.answer(&key, Family::V4).and_then(|a| a.not_served), None);
     let mut s = std::net::TcpStream::connect(("127.0.0.2", port)).expect("127.0.0.2 served now");
     s.write_all(b"GET / HTTP/1.1\r\nHost: lb\r\nConnection: close\r\n\r\n")
         .expect("write");
@@ -271,7 +280,7 @@ async fn a_port_in_use_is_retried_by_an_update_that_names_other_services() {
     let key = ServiceKey::new("ns", "svc");
     let check = HealthCheck {
         port,
-        local_endpoints: 1,
+        local_endpoints: LocalEndpoints::both(1),
         families: ServiceFamilies::BOTH,
     };
     let loopback = [IpAddr::from([127, 0, 0, 1])];
@@ -295,7 +304,7 @@ async fn an_update_leaves_the_services_it_does_not_name() {
     let (port_a, port_b) = (free_port(), free_port());
     let check = |port, local_endpoints| HealthCheck {
         port,
-        local_endpoints,
+        local_endpoints: LocalEndpoints::both(local_endpoints),
         families: ServiceFamilies::BOTH,
     };
     let loopback = [IpAddr::from([127, 0, 0, 1])];
@@ -345,7 +354,7 @@ async fn every_check_shares_one_router() {
             .map(|(i, (key, &port))| {
                 let check = HealthCheck {
                     port,
-                    local_endpoints: u32::try_from(i).expect("small"),
+                    local_endpoints: LocalEndpoints::both(u32::try_from(i).expect("small")),
                     families: ServiceFamilies::BOTH,
                 };
                 (key.clone(), check)
@@ -393,21 +402,31 @@ fn one_services_check_is_what_the_whole_snapshot_says_for_it() {
     };
     let snapshot = Snapshot {
         ports: BTreeMap::from([
-            // Two ports and two families: the largest count is the Service's.
+            // Two ports and two families: the largest count of a family is the Service's
+            // in that family.
             port("lb", "http", Family::V4, Some(30100), 1),
             port("lb", "https", Family::V4, Some(30100), 3),
             port("lb", "http", Family::V6, Some(30100), 2),
             // A neighbour in key order without a check.
             port("lb-plain", "", Family::V4, None, 5),
             port("local", "", Family::V6, Some(30200), 0),
+            // Dual-stack, local endpoints in IPv6 only (mid-migration): IPv4 counts none.
+            port("v6-eps", "", Family::V4, Some(30300), 0),
+            port("v6-eps", "", Family::V6, Some(30300), 2),
+            // And the mirror.
+            port("v4-eps", "", Family::V4, Some(30400), 2),
+            port("v4-eps", "", Family::V6, Some(30400), 0),
         ]),
         ..Snapshot::default()
     };
     let all = wanted(&snapshot, &Family::ALL);
+    let counts = |v4, v6| LocalEndpoints { v4, v6 };
     for (service, want) in [
-        ("lb", Some((30100, 3))),
+        ("lb", Some((30100, counts(3, 2)))),
         ("lb-plain", None),
-        ("local", Some((30200, 0))),
+        ("local", Some((30200, counts(0, 0)))),
+        ("v6-eps", Some((30300, counts(0, 2)))),
+        ("v4-eps", Some((30400, counts(2, 0)))),
         ("absent", None),
     ] {
         let key = ServiceKey::new("ns", service);
@@ -428,7 +447,7 @@ async fn two_services_that_trade_ports_both_serve_after_one_sync() {
     let (p1, p2) = (free_port(), free_port());
     let check = |port| HealthCheck {
         port,
-        local_endpoints: 1,
+        local_endpoints: LocalEndpoints::both(1),
         families: ServiceFamilies::BOTH,
     };
     let loopback = [IpAddr::from([127, 0, 0, 1])];
@@ -683,7 +702,7 @@ async fn an_address_added_is_bound_and_one_removed_is_closed() {
     hc.sync(&wanted, &[]).await;
     assert!(connect("127.0.0.2").is_err(), "closed");
     assert_eq!((failures.get(), not_served.get()), (0, 0));
-    let answer = hc.answer(&key).expect("an answer");
+    let answer = hc.answer(&key, Family::V4).expect("an answer");
     assert_eq!(answer.status, None, "{answer:?}");
     assert_eq!(answer.not_served.as_deref(), Some(NO_ADDRESS));
     assert_eq!(
@@ -694,7 +713,10 @@ async fn an_address_added_is_bound_and_one_removed_is_closed() {
     // An address again: bound, the answer back.
     hc.sync(&wanted, &ips(&["127.0.0.1"])).await;
     assert!(connect("127.0.0.1").is_ok(), "bound again");
-    assert_eq!(hc.answer(&key).and_then(|a| a.status), Some(200));
+    assert_eq!(
+        hc.answer(&key, Family::V4).and_then(|a| a.status),
+        Some(200)
+    );
     assert!(hc.not_served_for(&key).is_none());
     assert_eq!(failures.get(), 0);
 }
@@ -738,7 +760,7 @@ async fn a_flood_from_one_address_leaves_the_check_answering_others_and_expires(
         key.clone(),
         HealthCheck {
             port,
-            local_endpoints: 1,
+            local_endpoints: LocalEndpoints::both(1),
             families: ServiceFamilies::BOTH,
         },
     )]);
@@ -770,7 +792,7 @@ async fn a_flood_from_one_address_leaves_the_check_answering_others_and_expires(
     assert_eq!(refused.get(SERVER, per_peer), 97);
     // `kpng status` says the check is refusing connections.
     let (total, _ago) = hc
-        .answer(&key)
+        .answer(&key, Family::V4)
         .and_then(|a| a.refused_connections)
         .expect("the status tells the refusals");
     assert_eq!(total, 97);
@@ -941,7 +963,7 @@ async fn an_ipv6_only_services_check_has_no_ipv4_listener() {
     let addresses = ips(&["127.0.0.1", "::1"]);
     let check = |families| HealthCheck {
         port,
-        local_endpoints: 1,
+        local_endpoints: LocalEndpoints::both(1),
         families,
     };
     let connects = |ip: &'static str| {
@@ -971,4 +993,85 @@ async fn an_ipv6_only_services_check_has_no_ipv4_listener() {
     .await;
     assert!(connects("127.0.0.1").await.expect("join"), "dual-stack now");
     assert!(connects("::1").await.expect("join"), "IPv6 kept");
+}
+
+/// kube-proxy's health server per family's proxier: each listener answers with its own
+/// family's local ready endpoints (and `kpng status` says so per family). A dual-stack
+/// Service with local endpoints in one family only answers 503 on the other family's
+/// listeners, whose traffic kpng rejects; one count over both families drew an IPv4 load
+/// balancer's traffic to a node refusing it.
+#[tokio::test]
+async fn each_family_s_listener_answers_with_its_own_family_s_endpoints() {
+    let v4 = IpAddr::from([127, 0, 0, 1]);
+    let v6: IpAddr = "::1".parse().expect("ip");
+    for (v4_count, v6_count, want_v4, want_v6) in [
+        (0u32, 2u32, 503u16, 200u16),
+        (2, 0, 200, 503),
+        (1, 3, 200, 200),
+        (0, 0, 503, 503),
+    ] {
+        let (mut hc, _) = servers(true);
+        let port = free_port();
+        let key = ServiceKey::new("edge", "lb");
+        let check = HealthCheck {
+            port,
+            local_endpoints: LocalEndpoints {
+                v4: v4_count,
+                v6: v6_count,
+            },
+            families: ServiceFamilies::BOTH,
+        };
+        hc.sync(&BTreeMap::from([(key.clone(), check)]), &[v4, v6])
+            .await;
+        let case = format!("IPv4 {v4_count}, IPv6 {v6_count}");
+        for (ip, family, count, want) in [
+            (v4, Family::V4, v4_count, want_v4),
+            (v6, Family::V6, v6_count, want_v6),
+        ] {
+            let (status, headers, text) =
+                tokio::task::spawn_blocking(move || get_at(ip, port, "/"))
+                    .await
+                    .expect("join")
+                    .expect("get");
+            assert_eq!(status, want, "{case}: GET on {ip}");
+            assert_eq!(text, body(&key, count, true), "{case}: GET on {ip}");
+            assert_eq!(
+                headers.get("x-load-balancing-endpoint-weight").cloned(),
+                Some(count.to_string()),
+                "{case}: GET on {ip}"
+            );
+            let answer = hc.answer(&key, family).expect("an answer");
+            assert_eq!(
+                (answer.status, answer.local_endpoints),
+                (Some(want), count),
+                "{case}: `kpng status` for {family:?}"
+            );
+        }
+    }
+}
+
+/// The wildcard listeners count their family too: `0.0.0.0` IPv4, `[::]` (v6-only) IPv6.
+#[tokio::test]
+async fn the_wildcard_listeners_answer_with_their_family_s_endpoints() {
+    let (mut hc, _) = servers(true);
+    let port = free_port();
+    let key = ServiceKey::new("edge", "wild");
+    let check = HealthCheck {
+        port,
+        local_endpoints: LocalEndpoints::of(Family::V6, 2),
+        families: ServiceFamilies::BOTH,
+    };
+    hc.sync(
+        &BTreeMap::from([(key.clone(), check)]),
+        &ips(&["0.0.0.0", "::"]),
+    )
+    .await;
+    for (ip, want) in [("127.0.0.1", 503u16), ("::1", 200)] {
+        let ip: IpAddr = ip.parse().expect("ip");
+        let (status, _, _) = tokio::task::spawn_blocking(move || get_at(ip, port, "/"))
+            .await
+            .expect("join")
+            .expect("get");
+        assert_eq!(status, want, "GET on {ip}");
+    }
 }
