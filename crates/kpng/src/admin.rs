@@ -4012,7 +4012,17 @@ mod tests {
                 answer(Some(503), 2),
                 "health check :32100 answers 503 (kpng not healthy)",
             ),
-            (answer(None, 2), "health check :32100 NOT SERVED"),
+            (answer(None, 2), "health check :32100 NOT SERVED: in use"),
+            (
+                HealthCheckAnswer {
+                    not_served: Some(
+                        "no IPv6 address of the node is inside --nodeport-addresses".into(),
+                    ),
+                    ..answer(None, 1)
+                },
+                "health check :32100 NOT SERVED: no IPv6 address of the node is inside \
+                 --nodeport-addresses",
+            ),
             (
                 HealthCheckAnswer {
                     not_served: Some("[fd00:100::1]:32100: Cannot assign requested address (os error 99) (served on 192.168.100.1:32100)".into()),

@@ -713,7 +713,9 @@ impl ServiceHealthServers {
 
     /// What this node tells a load balancer probing `service`'s health check on an address of
     /// `family` now: the status code and the local endpoint count of that family its server
-    /// answers with, or why it is not served. `None` when the Service has no health check here.
+    /// answers with, or why it is not served: also when it listens on no address of `family`
+    /// (the CIDRs of `--nodeport-addresses` match only another family's), where a probe is
+    /// refused. `None` when the Service has no health check here.
     pub fn answer(&self, service: &ServiceKey, family: Family) -> Option<HealthCheckAnswer> {
         let failed = self.not_started.get(service);
         let Some(running) = self.running.get(service) else {
@@ -730,12 +732,20 @@ impl ServiceHealthServers {
             .recent(std::time::Instant::now(), RECENT_REFUSALS)
             .map(|(total, ago)| (total, ago.as_secs()));
         let local_endpoints = self.counts().get(service).map_or(0, |c| c.get(family));
-        if running.addresses.is_empty() {
+        // Per family, as a load balancer probes one address: a dual-stack Service whose
+        // CIDRs match only an IPv4 address of the node has no IPv6 listener, and a probe on
+        // IPv6 is refused whatever the IPv4 listener answers.
+        if !running.addresses.iter().any(|ip| Family::of(ip) == family) {
+            let why = if running.addresses.is_empty() {
+                NO_ADDRESS.to_string()
+            } else {
+                format!("no {family} address of the node is inside --nodeport-addresses")
+            };
             return Some(HealthCheckAnswer {
                 port: running.port,
                 status: None,
                 local_endpoints,
-                not_served: Some(NO_ADDRESS.to_string()),
+                not_served: Some(why),
                 refused_connections,
             });
         }

@@ -1075,3 +1075,48 @@ async fn the_wildcard_listeners_answer_with_their_family_s_endpoints() {
         assert_eq!(status, want, "GET on {ip}");
     }
 }
+
+/// A dual-stack Service whose `--nodeport-addresses` CIDRs match only an IPv4 address of the
+/// node listens on IPv4 only: `kpng status` must say its IPv6 check is not served (a probe on
+/// IPv6 is refused), not what the IPv4 listener answers (until 2026-12-07 it said "answers
+/// 200" on the IPv6 row, and `--problems` saw no problem).
+#[tokio::test]
+async fn a_family_without_a_listener_is_not_served_on_that_family() {
+    let port = free_port();
+    let key = ServiceKey::new("edge", "half");
+    let check = HealthCheck {
+        port,
+        local_endpoints: LocalEndpoints::both(1),
+        families: ServiceFamilies::BOTH,
+    };
+    // (listen addresses, family asked, status wanted, reason wanted)
+    let cases: [(&[&str], Family, Option<u16>, Option<&str>); 5] = [
+        (&["127.0.0.1"], Family::V4, Some(200), None),
+        (
+            &["127.0.0.1"],
+            Family::V6,
+            None,
+            Some("no IPv6 address of the node is inside --nodeport-addresses"),
+        ),
+        (
+            &["::1"],
+            Family::V4,
+            None,
+            Some("no IPv4 address of the node is inside --nodeport-addresses"),
+        ),
+        (&["127.0.0.1", "::1"], Family::V6, Some(200), None),
+        (&[], Family::V6, None, Some(NO_ADDRESS)),
+    ];
+    for (addresses, family, status, why) in cases {
+        let (mut hc, _) = servers(true);
+        hc.sync(&BTreeMap::from([(key.clone(), check)]), &ips(addresses))
+            .await;
+        let answer = hc.answer(&key, family).expect("an answer");
+        assert_eq!(
+            (answer.status, answer.not_served.as_deref()),
+            (status, why),
+            "{addresses:?}, asked for {family:?}"
+        );
+        assert_eq!(answer.local_endpoints, 1, "{addresses:?}, {family:?}");
+    }
+}
