@@ -200,7 +200,17 @@ mod tests {
             (
                 serde_json::json!({"healthCheck": hc(None, Some("in use"), false)}),
                 "L/C hc:32100 NOT SERVED",
-                vec!["health check :32100 NOT SERVED"],
+                vec!["health check :32100 NOT SERVED: in use"],
+            ),
+            (
+                // A dual-stack Service's IPv6 row, its CIDRs matching an IPv4 address only.
+                serde_json::json!({"family": "IPv6", "healthCheck": hc(None,
+                    Some("no IPv6 address of the node is inside --nodeport-addresses"), false)}),
+                "L/C hc:32100 NOT SERVED",
+                vec![
+                    "health check :32100 NOT SERVED: no IPv6 address of the node is inside \
+                     --nodeport-addresses",
+                ],
             ),
             (
                 serde_json::json!({"healthCheck": hc(Some(200),
