@@ -2547,13 +2547,15 @@ mod tests {
             NodePortAddresses::Cidrs(l.iter().map(|c| c.parse().expect("cidr")).collect())
         };
         let node_ip = ["192.168.100.1"];
-        let cases: [(
-            &str,
-            &[&str],
+        // (what, node IPs, setting, backend, listen addresses wanted)
+        type Case<'a> = (
+            &'a str,
+            &'a [&'a str],
             NodePortAddresses,
             Option<BackendKind>,
-            Option<&[&str]>,
-        ); 6] = [
+            Option<&'a [&'a str]>,
+        );
+        let cases: [Case; 6] = [
             (
                 "nft, an IPv4 CIDR holding loopback",
                 &node_ip,

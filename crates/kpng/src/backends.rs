@@ -1215,7 +1215,9 @@ mod tests {
             NodePortAddresses::Cidrs(l.iter().map(|c| c.parse().expect("cidr")).collect())
         };
         let nft = "but localhost NodePorts are not supported by the nftables backend";
-        let cases: [(&str, BackendKind, NodePortAddresses, bool, &[&str]); 9] = [
+        // (what, backend, setting, --iptables-localhost-nodeports, warnings wanted)
+        type Case<'a> = (&'a str, BackendKind, NodePortAddresses, bool, &'a [&'a str]);
+        let cases: [Case; 9] = [
             (
                 "nft, 127.0.0.0/8",
                 BackendKind::Nft,

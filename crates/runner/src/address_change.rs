@@ -138,13 +138,15 @@ mod tests {
             added: ips(added),
             removed: ips(removed),
         };
-        let table: [(
-            &str,
-            &[ipnet::IpNet],
+        // (what, CIDRs, change, what is left, whether a part was left out)
+        type Row<'a> = (
+            &'a str,
+            &'a [ipnet::IpNet],
             AddressChange,
             Option<AddressChange>,
             bool,
-        ); 5] = [
+        );
+        let table: [Row; 5] = [
             (
                 "outside only",
                 &cidrs,

@@ -1629,7 +1629,8 @@ fn the_health_check_port_is_answered_only_where_the_checks_listen() {
     let answered = "kpng's health-check server answers it on the node";
     let refused = "but the Service health checks do not listen on it";
     // (what, listen addresses (None: not said), destination, wanted words)
-    let cases: [(&str, Option<&[&str]>, &str, &[&str]); 9] = [
+    type Case<'a> = (&'a str, Option<&'a [&'a str]>, &'a str, &'a [&'a str]);
+    let cases: [Case; 9] = [
         (
             "in the CIDRs",
             Some(&["172.18.0.2"]),

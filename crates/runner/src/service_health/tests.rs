@@ -1084,7 +1084,8 @@ async fn the_wildcard_listeners_answer_with_their_family_s_endpoints() {
 async fn a_family_without_a_listener_is_not_served_on_that_family() {
     let key = ServiceKey::new("edge", "half");
     // (listen addresses, family asked, status wanted, reason wanted)
-    let cases: [(&[&str], Family, Option<u16>, Option<&str>); 5] = [
+    type Case<'a> = (&'a [&'a str], Family, Option<u16>, Option<&'a str>);
+    let cases: [Case; 5] = [
         (&["127.0.0.1"], Family::V4, Some(200), None),
         (
             &["127.0.0.1"],
