@@ -2270,6 +2270,15 @@ pub fn node_facts(
         .copied()
         .filter(|ip| !host.contains(ip))
         .collect();
+    // Where the Service health checks listen: the servers' own choice (a sink that programs
+    // no node serves none, and says nothing).
+    let health_check_ips = kind.map(|kind| {
+        kind.health_check_addresses_of(Some(nodeport)).listening_on(
+            &Family::ALL,
+            &snapshot.node,
+            || host.clone(),
+        )
+    });
     let mut local_ips = host.clone();
     local_ips.extend(snapshot.node.ips.iter().copied());
     local_ips.sort();
@@ -2299,6 +2308,7 @@ pub fn node_facts(
         // The eBPF backend's settings, set by the caller that knows them.
         local_sockets: LocalSockets::default(),
         localhost_not_served,
+        health_check_ips,
     }
 }
 
@@ -2520,6 +2530,82 @@ mod tests {
                 "{}",
                 facts.node_ports_on
             );
+        }
+    }
+
+    /// `kpng trace` learns where the Service health checks listen, by the servers' own rule:
+    /// the node-port addresses of a family `--nodeport-addresses` restricts (loopback too when
+    /// a CIDR holds it), the wildcard of one it does not, nowhere while the node IPs are
+    /// unknown; a sink that serves none says nothing.
+    #[test]
+    fn the_trace_knows_where_the_health_checks_listen() {
+        use crate::backends::BackendKind;
+        use kpng_backend::settings::{DetectLocal, NodePortAddresses};
+        let ips =
+            |l: &[&str]| -> Vec<IpAddr> { l.iter().map(|i| i.parse().expect("ip")).collect() };
+        let cidrs = |l: &[&str]| {
+            NodePortAddresses::Cidrs(l.iter().map(|c| c.parse().expect("cidr")).collect())
+        };
+        let node_ip = ["192.168.100.1"];
+        // (what, node IPs, setting, backend, listen addresses wanted)
+        type Case<'a> = (
+            &'a str,
+            &'a [&'a str],
+            NodePortAddresses,
+            Option<BackendKind>,
+            Option<&'a [&'a str]>,
+        );
+        let cases: [Case; 6] = [
+            (
+                "nft, an IPv4 CIDR holding loopback",
+                &node_ip,
+                cidrs(&["127.0.0.0/8"]),
+                Some(BackendKind::Nft),
+                Some(&["127.0.0.1", "::"]),
+            ),
+            (
+                "nft, primary, an IPv4 node IP only",
+                &node_ip,
+                NodePortAddresses::Primary,
+                Some(BackendKind::Nft),
+                Some(&["192.168.100.1", "::"]),
+            ),
+            (
+                "nft, primary, no node IP yet",
+                &[],
+                NodePortAddresses::Primary,
+                Some(BackendKind::Nft),
+                Some(&[]),
+            ),
+            (
+                "iptables, every address",
+                &node_ip,
+                NodePortAddresses::AllLocal,
+                Some(BackendKind::Iptables),
+                Some(&["0.0.0.0", "::"]),
+            ),
+            (
+                "Windows: every address",
+                &node_ip,
+                NodePortAddresses::Primary,
+                Some(BackendKind::Hns),
+                Some(&["0.0.0.0", "::"]),
+            ),
+            ("a sink", &node_ip, NodePortAddresses::Primary, None, None),
+        ];
+        for (what, node_ips, setting, kind, want) in cases {
+            let mut snapshot = kpng_model::Snapshot::default();
+            snapshot.node.ips = ips(node_ips);
+            let facts = node_facts(
+                &snapshot,
+                &setting,
+                &DetectLocal::None,
+                false,
+                kind,
+                &[],
+                &LocalhostV4::Off,
+            );
+            assert_eq!(facts.health_check_ips, want.map(ips), "{what}");
         }
     }
 
@@ -4012,7 +4098,17 @@ mod tests {
                 answer(Some(503), 2),
                 "health check :32100 answers 503 (kpng not healthy)",
             ),
-            (answer(None, 2), "health check :32100 NOT SERVED"),
+            (answer(None, 2), "health check :32100 NOT SERVED: in use"),
+            (
+                HealthCheckAnswer {
+                    not_served: Some(
+                        "no IPv6 address of the node is inside --nodeport-addresses".into(),
+                    ),
+                    ..answer(None, 1)
+                },
+                "health check :32100 NOT SERVED: no IPv6 address of the node is inside \
+                 --nodeport-addresses",
+            ),
             (
                 HealthCheckAnswer {
                     not_served: Some("[fd00:100::1]:32100: Cannot assign requested address (os error 99) (served on 192.168.100.1:32100)".into()),

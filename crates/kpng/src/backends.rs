@@ -208,13 +208,22 @@ impl BackendKind {
     /// does not read `--nodeport-addresses` (nor can the runner read Windows' addresses):
     /// every address, as before.
     pub fn health_check_addresses(self, flags: &GlobalFlags) -> HealthCheckAddresses {
+        self.health_check_addresses_of(self.nodeport_addresses(flags).ok().as_ref())
+    }
+
+    /// [`BackendKind::health_check_addresses`] from `--nodeport-addresses` as this backend
+    /// reads it (`None`: unreadable): one rule for the servers and for `kpng trace`.
+    pub fn health_check_addresses_of(
+        self,
+        nodeport: Option<&NodePortAddresses>,
+    ) -> HealthCheckAddresses {
         if self == BackendKind::Hns {
             return HealthCheckAddresses::All;
         }
-        match self.nodeport_addresses(flags) {
-            Ok(NodePortAddresses::Primary) => HealthCheckAddresses::NodeIps,
-            Ok(NodePortAddresses::Cidrs(cidrs)) => HealthCheckAddresses::Cidrs(cidrs),
-            Ok(NodePortAddresses::AllLocal) | Err(_) => HealthCheckAddresses::All,
+        match nodeport {
+            Some(NodePortAddresses::Primary) => HealthCheckAddresses::NodeIps,
+            Some(NodePortAddresses::Cidrs(cidrs)) => HealthCheckAddresses::Cidrs(cidrs.clone()),
+            Some(NodePortAddresses::AllLocal) | None => HealthCheckAddresses::All,
         }
     }
 
@@ -286,13 +295,21 @@ impl BackendKind {
                 cluster_cidr_warned.extend(family);
             }
         }
+        let nodeport_addresses = kind.nodeport_addresses(flags)?;
+        for warning in loopback_node_port_warnings(
+            kind,
+            &nodeport_addresses,
+            flags.iptables_localhost_nodeports,
+        ) {
+            tracing::warn!("{warning}");
+        }
         let node = NodeSettings {
             masquerade: Masquerade {
                 all: flags.masquerade_all,
                 bit: flags.masquerade_bit,
             },
             detect_local,
-            nodeport_addresses: kind.nodeport_addresses(flags)?,
+            nodeport_addresses,
         };
         let mut built = linux::build(flags, backend, node, refusals)?;
         built.cluster_cidr_warned = cluster_cidr_warned;
@@ -345,6 +362,72 @@ pub struct Built {
     /// asks for them (the iptables backend could not set `route_localnet`), asked by `kpng
     /// status` and `kpng trace`; none for the other backends and a dry run.
     pub localhost_failure: Option<LocalhostFailureProbe>,
+}
+
+/// Why node ports are not served on a loopback address `--nodeport-addresses` CIDRs hold,
+/// one warning per family, at start, as kube-proxy logs it at every sync (its nftables mode:
+/// "--nodeport-addresses includes localhost but localhost NodePorts are not supported"; its
+/// iptables mode: "… not supported on IPv6", and for IPv4 "… but
+/// --iptables-localhost-nodeports=false was passed"). kpng drops them silently otherwise, and
+/// someone moving from iptables mode, where 127.0.0.1 NodePorts work, gets no hint. Only CIDRs
+/// narrower than their family's whole range count (a `/0`, or no CIDR of the family, is
+/// every address but loopback, as kube-proxy's `MatchAll`); the Windows backend does not read
+/// the flag.
+pub fn loopback_node_port_warnings(
+    kind: BackendKind,
+    nodeport: &NodePortAddresses,
+    localhost_node_ports: bool,
+) -> Vec<String> {
+    use kpng_backend::settings::NodePortScope;
+    use kpng_model::Family;
+    if kind == BackendKind::Hns {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for family in Family::ALL {
+        let NodePortScope::Cidrs(cidrs) = nodeport.scope(family) else {
+            continue;
+        };
+        // 127.0.0.0/8 and ::1: what an overlapping CIDR brings loopback addresses of.
+        let loopback: Option<ipnet::IpNet> = match family {
+            Family::V4 => ipnet::Ipv4Net::new(std::net::Ipv4Addr::new(127, 0, 0, 0), 8)
+                .ok()
+                .map(ipnet::IpNet::V4),
+            Family::V6 => Some(ipnet::IpNet::from(std::net::IpAddr::from(
+                std::net::Ipv6Addr::LOCALHOST,
+            ))),
+        };
+        let Some(loopback) = loopback else {
+            continue;
+        };
+        let Some(cidr) = cidrs
+            .iter()
+            .find(|c| c.contains(&loopback.network()) || loopback.contains(&c.network()))
+        else {
+            continue;
+        };
+        let why = match (kind, family) {
+            (BackendKind::Iptables, Family::V4) if localhost_node_ports => continue,
+            (BackendKind::Iptables, Family::V4) => {
+                "but --iptables-localhost-nodeports=false was passed".to_string()
+            }
+            (BackendKind::Iptables, Family::V6) => {
+                "but localhost NodePorts are not supported on IPv6 (as kube-proxy's iptables \
+                 mode)"
+                    .to_string()
+            }
+            _ => format!(
+                "but localhost NodePorts are not supported by the {} backend (as kube-proxy's \
+                 nftables mode)",
+                kind.mode()
+            ),
+        };
+        out.push(format!(
+            "--nodeport-addresses includes localhost ({cidr}) {why}: {family} NodePorts are not \
+             served on loopback (Service health checks do listen there)"
+        ));
+    }
+    out
 }
 
 /// Why IPv4 node ports are not served on 127.0.0.1 right now, if they are not although asked
@@ -1050,7 +1133,7 @@ pub(crate) mod hns {
 
 #[cfg(test)]
 mod tests {
-    use super::{BackendKind, Platform};
+    use super::{BackendKind, NodePortAddresses, Platform, loopback_node_port_warnings};
 
     /// A ClusterCIDR detector warns for no `--cluster-cidr` at all, and for a family the node
     /// serves (by `--node-ip` or `--service-cidr`) that `--cluster-cidr` has no CIDR of.
@@ -1117,6 +1200,100 @@ mod tests {
             assert_eq!(got.len(), want.len(), "{what}: {got:?}");
             for ((_, g), w) in got.iter().zip(want) {
                 assert!(g.starts_with(w), "{what}: {g}");
+            }
+        }
+    }
+
+    /// `--nodeport-addresses` CIDRs holding a loopback address: one warning per family where
+    /// the backend does not serve node ports on it, worded as kube-proxy's mode logs it
+    /// (nftables: not supported; iptables: IPv6 not supported, IPv4 only with
+    /// `--iptables-localhost-nodeports`); nothing for `/0`, a family without a CIDR, or the
+    /// Windows backend.
+    #[test]
+    fn loopback_in_the_node_port_cidrs_is_warned_about_where_it_is_not_served() {
+        let cidrs = |l: &[&str]| {
+            NodePortAddresses::Cidrs(l.iter().map(|c| c.parse().expect("cidr")).collect())
+        };
+        let nft = "but localhost NodePorts are not supported by the nftables backend";
+        // (what, backend, setting, --iptables-localhost-nodeports, warnings wanted)
+        type Case<'a> = (&'a str, BackendKind, NodePortAddresses, bool, &'a [&'a str]);
+        let cases: [Case; 9] = [
+            (
+                "nft, 127.0.0.0/8",
+                BackendKind::Nft,
+                cidrs(&["127.0.0.0/8", "10.45.2.0/24"]),
+                false,
+                &[
+                    "--nodeport-addresses includes localhost (127.0.0.0/8) but localhost NodePorts \
+                   are not supported by the nftables backend (as kube-proxy's nftables mode): IPv4 \
+                   NodePorts are not served on loopback",
+                ],
+            ),
+            (
+                "nft, 127.0.0.1/32",
+                BackendKind::Nft,
+                cidrs(&["127.0.0.1/32"]),
+                false,
+                &[nft],
+            ),
+            (
+                "nft, a wider CIDR",
+                BackendKind::Nft,
+                cidrs(&["64.0.0.0/2"]),
+                false,
+                &[nft],
+            ),
+            (
+                "nft, ::1",
+                BackendKind::Nft,
+                cidrs(&["::1/128", "fd45:2::/64"]),
+                false,
+                &[nft],
+            ),
+            (
+                "nft, no loopback",
+                BackendKind::Nft,
+                cidrs(&["10.45.2.0/24", "fd45:2::/64"]),
+                false,
+                &[],
+            ),
+            (
+                "nft, 0.0.0.0/0: every address but loopback",
+                BackendKind::Nft,
+                cidrs(&["0.0.0.0/0"]),
+                false,
+                &[],
+            ),
+            (
+                "iptables without --iptables-localhost-nodeports",
+                BackendKind::Iptables,
+                cidrs(&["127.0.0.0/8", "::1/128"]),
+                false,
+                &[
+                    "(127.0.0.0/8) but --iptables-localhost-nodeports=false was passed",
+                    "(::1/128) but localhost NodePorts are not supported on IPv6",
+                ],
+            ),
+            (
+                "iptables with it: IPv4 served",
+                BackendKind::Iptables,
+                cidrs(&["127.0.0.0/8"]),
+                true,
+                &[],
+            ),
+            (
+                "Windows",
+                BackendKind::Hns,
+                cidrs(&["127.0.0.0/8"]),
+                false,
+                &[],
+            ),
+        ];
+        for (what, kind, setting, localhost, want) in cases {
+            let got = loopback_node_port_warnings(kind, &setting, localhost);
+            assert_eq!(got.len(), want.len(), "{what}: {got:?}");
+            for (g, w) in got.iter().zip(want) {
+                assert!(g.contains(w), "{what}: {g:?} lacks {w:?}");
             }
         }
     }

@@ -987,6 +987,11 @@ where
         flags.cluster_cidr.clone(),
         facts.health_checks == Some(HealthCheckAddresses::NodeIps),
     );
+    // NodePorts inside CIDRs: a family whose CIDRs match no address of the host serves them
+    // nowhere (warned and shown in `kpng status`), and address changes outside them are quiet.
+    if let Some(HealthCheckAddresses::Cidrs(cidrs)) = &facts.health_checks {
+        runner = runner.checking_node_port_cidrs(cidrs.clone());
+    }
     // IP forwarding and bridge netfilter, which Services need and kpng does not set (as
     // kube-proxy does not): warned once and shown in `kpng status` (kpng_runner::host_check).
     #[cfg(target_os = "linux")]

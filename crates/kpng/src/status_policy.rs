@@ -108,7 +108,14 @@ pub fn legend(ports: &[PortStatus], detailed: bool) -> Option<String> {
 /// What a load balancer probing the health check gets, in a few words.
 pub fn health_check_answer(hc: &HealthCheckAnswer) -> String {
     let why = match (hc.status, hc.local_endpoints) {
-        (None, _) => return format!("health check :{} NOT SERVED", hc.port),
+        // Why: a server that could not start (also listed on its own), or no listener of the
+        // family at all (`--nodeport-addresses` CIDRs matching only another family's address).
+        (None, _) => {
+            return match &hc.not_served {
+                Some(why) => format!("health check :{} NOT SERVED: {why}", hc.port),
+                None => format!("health check :{} NOT SERVED", hc.port),
+            };
+        }
         (Some(200), n) => format!("{n} local"),
         (Some(_), 0) => "no local ready endpoint".to_string(),
         (Some(_), _) => "kpng not healthy".to_string(),
@@ -193,7 +200,17 @@ mod tests {
             (
                 serde_json::json!({"healthCheck": hc(None, Some("in use"), false)}),
                 "L/C hc:32100 NOT SERVED",
-                vec!["health check :32100 NOT SERVED"],
+                vec!["health check :32100 NOT SERVED: in use"],
+            ),
+            (
+                // A dual-stack Service's IPv6 row, its CIDRs matching an IPv4 address only.
+                serde_json::json!({"family": "IPv6", "healthCheck": hc(None,
+                    Some("no IPv6 address of the node is inside --nodeport-addresses"), false)}),
+                "L/C hc:32100 NOT SERVED",
+                vec![
+                    "health check :32100 NOT SERVED: no IPv6 address of the node is inside \
+                     --nodeport-addresses",
+                ],
             ),
             (
                 serde_json::json!({"healthCheck": hc(Some(200),

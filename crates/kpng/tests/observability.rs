@@ -1945,7 +1945,7 @@ fn a_health_check_that_cannot_be_served_is_listed_with_why() {
         problems.contains(
             "\nPROBLEMS: 3 of 10 Service ports (2 without endpoints, 1 health check); \
              --problems: the other 7 not shown\n"
-        ) && problems.contains("\n    health check :32100 NOT SERVED\n"),
+        ) && problems.contains("\n    health check :32100 NOT SERVED: "),
         "{problems}"
     );
     let problems_json = kpng()

@@ -70,6 +70,26 @@ pub struct NodeFacts {
     /// not be set): the trace names the reason instead of the general "loopback is never a
     /// node-port address". `None` otherwise.
     pub localhost_not_served: Option<String>,
+    /// Where the Service health checks (`healthCheckNodePort`) listen, as the runner chooses
+    /// (`--nodeport-addresses`: the node-port addresses of a family it restricts, loopback
+    /// included when a CIDR holds it; `0.0.0.0` / `::` for every local address of a family it
+    /// does not restrict); empty when they listen nowhere. A packet to a health-check port on
+    /// another of the node's addresses is refused. `None` where the binary does not say (a
+    /// sink without health checks): every local address then counts as listening.
+    pub health_check_ips: Option<Vec<IpAddr>>,
+}
+
+impl NodeFacts {
+    /// Whether the Service health checks listen on `dst` (see [`NodeFacts::health_check_ips`]).
+    pub fn health_checks_listen_on(&self, dst: IpAddr) -> bool {
+        let wildcard = match Family::of(&dst) {
+            Family::V4 => IpAddr::from([0u8; 4]),
+            Family::V6 => IpAddr::from([0u16; 8]),
+        };
+        self.health_check_ips
+            .as_ref()
+            .is_none_or(|ips| ips.contains(&dst) || ips.contains(&wildcard))
+    }
 }
 
 /// Which of the node's sockets the eBPF programs translate (`to-local ebpf`'s
@@ -843,6 +863,37 @@ fn no_frontend(
             .collect::<std::collections::BTreeSet<_>>()
             .into_iter()
             .collect();
+        if !checked.is_empty() && !facts.health_checks_listen_on(dst) {
+            // As the NodePort on an address outside `--nodeport-addresses`: nothing of
+            // kpng's listens there, and a load balancer probing this address is refused.
+            let listening: Vec<String> = facts
+                .health_check_ips
+                .iter()
+                .flatten()
+                .filter(|ip| Family::of(ip) == family)
+                .map(ToString::to_string)
+                .collect();
+            return Trace::unmatched(
+                Verdict::Accept,
+                format!(
+                    "{}, but the Service health checks do not listen on it (--nodeport-addresses \
+                     {}: they listen on {}): {port}/TCP is the health-check node port of {} \
+                     (externalTrafficPolicy Local), not served on this address, so the packet \
+                     goes to the node untouched: only a process of the node listening on \
+                     {port}/TCP answers, and without one the client is refused (ECONNREFUSED); a \
+                     load balancer probing this address sees the node as down",
+                    whose(dst, facts),
+                    facts.nodeport_setting,
+                    if listening.is_empty() {
+                        format!("no {family} address")
+                    } else {
+                        listening.join(", ")
+                    },
+                    checked.join(", "),
+                    port = q.to.port(),
+                ),
+            );
+        }
         if !checked.is_empty() {
             return Trace::unmatched(
                 Verdict::Accept,

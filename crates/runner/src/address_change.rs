@@ -47,6 +47,35 @@ impl AddressChange {
     }
 }
 
+/// `change` without the addresses that matter to nothing with CIDR `--nodeport-addresses`
+/// `cidrs`: those of a family the CIDRs restrict (one with a CIDR, none of them its whole
+/// range) and outside all of them. Neither the node ports nor the health checks of any backend
+/// use them (a family without a CIDR is every local address, which some backends list).
+/// `outside` is told of the part left out, if any; `None` when nothing is left. Without
+/// CIDRs, `change` as it is.
+pub fn outside_cidrs(
+    change: AddressChange,
+    cidrs: &[ipnet::IpNet],
+    outside: impl FnOnce(&AddressChange),
+) -> Option<AddressChange> {
+    if cidrs.is_empty() {
+        return Some(change);
+    }
+    let setting = kpng_backend::settings::NodePortAddresses::Cidrs(cidrs.to_vec());
+    let matters = |ip: &IpAddr| match setting.scope(kpng_model::Family::of(ip)) {
+        kpng_backend::settings::NodePortScope::Cidrs(mine) => mine.iter().any(|c| c.contains(ip)),
+        _ => true,
+    };
+    let split =
+        |ips: &[IpAddr]| -> (Vec<IpAddr>, Vec<IpAddr>) { ips.iter().partition(|ip| matters(ip)) };
+    let (added, added_outside) = split(&change.added);
+    let (removed, removed_outside) = split(&change.removed);
+    if let Some(left_out) = AddressChange::of(added_outside, removed_outside) {
+        outside(&left_out);
+    }
+    AddressChange::of(added, removed)
+}
+
 impl std::fmt::Display for AddressChange {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let list = |ips: &[IpAddr]| {
@@ -97,6 +126,69 @@ mod tests {
 
     fn ips(list: &[&str]) -> Vec<IpAddr> {
         list.iter().map(|s| s.parse().expect("ip")).collect()
+    }
+
+    /// With CIDR `--nodeport-addresses`, a change of addresses outside them in a family they
+    /// restrict is left out (logged at debug level, no sync): on a multi-NIC node a management
+    /// address flapping said "follow at the next sync" every time, though nothing followed.
+    #[test]
+    fn changes_outside_the_node_port_cidrs_are_left_out() {
+        let cidrs: Vec<ipnet::IpNet> = vec!["10.45.2.0/24".parse().expect("cidr")];
+        let change = |added: &[&str], removed: &[&str]| AddressChange {
+            added: ips(added),
+            removed: ips(removed),
+        };
+        // (what, CIDRs, change, what is left, whether a part was left out)
+        type Row<'a> = (
+            &'a str,
+            &'a [ipnet::IpNet],
+            AddressChange,
+            Option<AddressChange>,
+            bool,
+        );
+        let table: [Row; 5] = [
+            (
+                "outside only",
+                &cidrs,
+                change(&[], &["10.45.1.1"]),
+                None,
+                true,
+            ),
+            (
+                "inside",
+                &cidrs,
+                change(&["10.45.2.100"], &[]),
+                Some(change(&["10.45.2.100"], &[])),
+                false,
+            ),
+            (
+                "both: the inside part kept",
+                &cidrs,
+                change(&["10.45.2.100", "10.45.3.1"], &["10.45.1.1"]),
+                Some(change(&["10.45.2.100"], &[])),
+                true,
+            ),
+            (
+                "a family without a CIDR: every address counts",
+                &cidrs,
+                change(&["fd45:1::1"], &[]),
+                Some(change(&["fd45:1::1"], &[])),
+                false,
+            ),
+            (
+                "no CIDRs",
+                &[],
+                change(&["10.45.1.1"], &[]),
+                Some(change(&["10.45.1.1"], &[])),
+                false,
+            ),
+        ];
+        for (what, cidrs, change, want, told) in table {
+            let mut left_out = None;
+            let got = outside_cidrs(change, cidrs, |o| left_out = Some(o.clone()));
+            assert_eq!(got, want, "{what}");
+            assert_eq!(left_out.is_some(), told, "{what}: {left_out:?}");
+        }
     }
 
     #[test]

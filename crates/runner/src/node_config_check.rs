@@ -23,12 +23,22 @@ use ipnet::IpNet;
 use kpng_model::{Family, NodeState};
 
 /// What the checks need beyond the node: the host's addresses (when the backend serves
-/// NodePorts on the node IPs, so they matter) and `--cluster-cidr`.
+/// NodePorts on the node IPs or inside CIDRs, so they matter) and `--cluster-cidr`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeConfigCheck {
-    /// The host's addresses, `None` when not checked (a sink, a backend that does not serve
-    /// NodePorts on the node IPs, a platform without the address watch).
+    /// The host's addresses, `None` when not checked (a sink, a backend that serves NodePorts
+    /// on every address, a platform without the address watch).
     pub host_addresses: Option<Vec<IpAddr>>,
+    /// Whether the Node's addresses must be among the host's (NodePorts on the node IPs): a
+    /// wrong `--node-name` otherwise goes unnoticed.
+    pub node_ips_on_host: bool,
+    /// `--nodeport-addresses` as CIDRs (empty otherwise): a family of
+    /// [`NodeConfigCheck::node_port_cidr_families`] they restrict, none of whose host
+    /// addresses (loopback aside: no backend but iptables' `--iptables-localhost-nodeports`
+    /// serves it) is inside them, serves its NodePorts on no address at all.
+    pub node_port_cidrs: Vec<IpNet>,
+    /// The backend's families, when [`NodeConfigCheck::node_port_cidrs`] are given.
+    pub node_port_cidr_families: Vec<Family>,
     /// `--cluster-cidr`.
     pub cluster_cidrs: Vec<IpNet>,
     /// `--cluster-cidr` tells pods apart (`--detect-local-mode ClusterCIDR`, without
@@ -83,10 +93,13 @@ impl NodeConfigCheck {
 
     fn found(&self, node: &NodeState, node_port_families: &[Family]) -> Vec<Found> {
         let mut out = Vec::new();
+        // The CIDRs do not depend on the Node object.
+        out.extend(self.node_ports_nowhere().into_iter().map(Found::other));
         if !node.known {
             return out;
         }
         if let Some(host) = &self.host_addresses
+            && self.node_ips_on_host
             && !node.ips.is_empty()
             && !node.ips.iter().any(|ip| host.contains(ip))
         {
@@ -195,6 +208,43 @@ impl NodeConfigCheck {
     }
 }
 
+impl NodeConfigCheck {
+    /// A family whose `--nodeport-addresses` CIDRs no address of the host is in: its
+    /// NodePorts are served on no address (a typo or a wrong VLAN's CIDR turns them all off
+    /// silently otherwise; the health checks' own warning named only them). kube-proxy says
+    /// nothing of it.
+    fn node_ports_nowhere(&self) -> Vec<String> {
+        let Some(host) = &self.host_addresses else {
+            return Vec::new();
+        };
+        if self.node_port_cidrs.is_empty() {
+            return Vec::new();
+        }
+        let setting =
+            kpng_backend::settings::NodePortAddresses::Cidrs(self.node_port_cidrs.clone());
+        let mut out = Vec::new();
+        for &family in &self.node_port_cidr_families {
+            let kpng_backend::settings::NodePortScope::Cidrs(cidrs) = setting.scope(family) else {
+                // No CIDR of the family, or its whole range: every local address.
+                continue;
+            };
+            let matched = host.iter().any(|ip| {
+                Family::of(ip) == family
+                    && !ip.is_loopback()
+                    && cidrs.iter().any(|c| c.contains(ip))
+            });
+            if !matched {
+                out.push(format!(
+                    "{family}: no {family} address of this host is inside --nodeport-addresses \
+                     {}: {family} NodePorts are served on no address (is a CIDR wrong?)",
+                    join(&cidrs)
+                ));
+            }
+        }
+        out
+    }
+}
+
 impl Found {
     fn other(text: String) -> Found {
         Found {
@@ -241,6 +291,7 @@ mod tests {
         let node = |ips: &[&str], pods: &[&str]| node_state("node2", ips, pods);
         let check = |host: Option<&[&str]>, cluster: &[&str]| NodeConfigCheck {
             host_addresses: host.map(|h| h.iter().map(|i| i.parse().expect("ip")).collect()),
+            node_ips_on_host: true,
             cluster_cidrs: cluster.iter().map(|c| c.parse().expect("cidr")).collect(),
             ..NodeConfigCheck::default()
         };
@@ -312,6 +363,9 @@ mod tests {
         let node = |ips: &[&str], pods: &[&str]| node_state("node1", ips, pods);
         let check = |primary: &[Family], cluster: &[&str], detect: bool| NodeConfigCheck {
             host_addresses: None,
+            node_ips_on_host: false,
+            node_port_cidrs: Vec::new(),
+            node_port_cidr_families: Vec::new(),
             cluster_cidrs: cluster.iter().map(|c| c.parse().expect("cidr")).collect(),
             cluster_cidrs_detect_pods: detect,
             primary_node_port_families: primary.to_vec(),
@@ -441,6 +495,73 @@ mod tests {
             assert_eq!(got.len(), want.len(), "{what}: {got:?}");
             for (g, w) in got.iter().zip(want) {
                 assert!(g.starts_with(w), "{what}: {g:?} is not {w:?}…");
+            }
+        }
+    }
+
+    /// `--nodeport-addresses` CIDRs no address of the host is in, for a family: its NodePorts
+    /// are served nowhere, a line per family (warned once, shown in `kpng status`), whether
+    /// or not the Node is known; loopback does not count (no backend serves it but iptables
+    /// mode's IPv4 with `--iptables-localhost-nodeports`).
+    #[test]
+    fn node_port_cidrs_matching_no_address_of_a_family_are_named() {
+        let both = [Family::V4, Family::V6];
+        let check = |host: &[&str], cidrs: &[&str], families: &[Family]| NodeConfigCheck {
+            host_addresses: Some(host.iter().map(|i| i.parse().expect("ip")).collect()),
+            node_port_cidrs: cidrs.iter().map(|c| c.parse().expect("cidr")).collect(),
+            node_port_cidr_families: families.to_vec(),
+            ..NodeConfigCheck::default()
+        };
+        let host = ["127.0.0.1", "::1", "10.45.2.1", "10.45.9.1", "fd45:2::1"];
+        let v6_nowhere = "IPv6: no IPv6 address of this host is inside --nodeport-addresses \
+                          fd45:9::/64: IPv6 NodePorts are served on no address";
+        let cases: [(&str, NodeConfigCheck, &[&str]); 7] = [
+            (
+                "both matched",
+                check(&host, &["10.45.2.0/24", "fd45:2::/64"], &both),
+                &[],
+            ),
+            (
+                "IPv6 matches nothing",
+                check(&host, &["10.45.9.0/24", "fd45:9::/64"], &both),
+                &[v6_nowhere],
+            ),
+            (
+                "neither matches",
+                check(&host, &["10.45.7.0/24", "fd45:9::/64"], &both),
+                &[
+                    "IPv4: no IPv4 address of this host is inside --nodeport-addresses \
+                     10.45.7.0/24",
+                    v6_nowhere,
+                ],
+            ),
+            (
+                "loopback only",
+                check(&host, &["127.0.0.0/8"], &both),
+                &["IPv4: no IPv4 address of this host is inside --nodeport-addresses 127.0.0.0/8"],
+            ),
+            (
+                "no IPv6 CIDR: every IPv6 address",
+                check(&host, &["10.45.2.0/24"], &both),
+                &[],
+            ),
+            (
+                "an IPv4-only backend",
+                check(&host, &["10.45.2.0/24", "fd45:9::/64"], &[Family::V4]),
+                &[],
+            ),
+            ("not CIDRs", check(&host, &[], &both), &[]),
+        ];
+        for (what, check, want) in cases {
+            for node in [
+                NodeState::default(),
+                node_state("node1", &["10.45.2.1"], &[]),
+            ] {
+                let got = check.problems(&node, &[]);
+                assert_eq!(got.len(), want.len(), "{what}: {got:?}");
+                for (g, w) in got.iter().zip(want) {
+                    assert!(g.starts_with(w), "{what}: {g:?} is not {w:?}…");
+                }
             }
         }
     }

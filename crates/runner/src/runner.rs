@@ -206,6 +206,16 @@ impl<M: NodeModel> Runner<M> {
         self
     }
 
+    /// `--nodeport-addresses` as CIDRs (`cidrs`): a family of the backend they restrict and
+    /// no address of the host is in serves its NodePorts nowhere, which is warned (once per
+    /// change, the host's addresses followed) and shown in `kpng status`; and a change of
+    /// the host's addresses that only touches such a family's addresses outside them changes
+    /// nothing, and is logged at debug level only.
+    pub fn checking_node_port_cidrs(mut self, cidrs: Vec<ipnet::IpNet>) -> Runner<M> {
+        self.node_check.node_port_cidrs = cidrs;
+        self
+    }
+
     /// `--detect-local-mode ClusterCIDR` (without `--masquerade-all`): a family the Node uses
     /// that `--cluster-cidr` has no CIDR of gets no pod detection rule, which the node's
     /// checks then name (once in the log, and in `kpng status`), as kube-proxy logs it.
@@ -348,6 +358,10 @@ impl<M: NodeModel> Runner<M> {
         if self.node_needs.pod_cidrs {
             self.node_check.node_cidr_families = families.clone();
         }
+        if !self.node_check.node_port_cidrs.is_empty() {
+            self.node_check.node_port_cidr_families = families.clone();
+        }
+        self.node_check.node_ips_on_host = self.node_ips_on_host;
         self.metrics
             .export_from_start(self.backend.name(), &families);
         #[cfg(target_os = "linux")]
@@ -377,7 +391,7 @@ impl<M: NodeModel> Runner<M> {
         #[cfg(not(target_os = "linux"))]
         drop(address_tx);
         #[cfg(target_os = "linux")]
-        if self.node_ips_on_host {
+        if self.node_ips_on_host || !self.node_check.node_port_cidrs.is_empty() {
             self.node_check.host_addresses = Some(kpng_backend::host::local_addresses());
         }
         match self.backend.watch_tampering(alarm) {
@@ -863,15 +877,26 @@ impl<M: NodeModel> LoopState<M> {
     /// `min_sync_period`), at which the backends and the health checks read the addresses
     /// again, as at a periodic one.
     fn addresses_changed(&mut self, change: AddressChange) {
-        info!(
-            "the node's addresses changed ({change}): node ports and health checks that \
-             depend on them follow at the next sync"
-        );
         if let Some(host) = &mut self.runner.node_check.host_addresses {
             host.retain(|a| !change.removed.contains(a));
             host.extend(change.added.iter().copied());
             self.warn_node_config();
         }
+        // With CIDR `--nodeport-addresses`, an address of a family they restrict and outside
+        // them matters to nothing: no line saying something follows, and no sync.
+        let cidrs = &self.runner.node_check.node_port_cidrs;
+        let Some(change) = crate::address_change::outside_cidrs(change, cidrs, |outside| {
+            debug!(
+                "the node's addresses changed ({outside}), outside --nodeport-addresses: \
+                 nothing depends on them"
+            )
+        }) else {
+            return;
+        };
+        info!(
+            "the node's addresses changed ({change}): node ports and health checks that \
+             depend on them follow at the next sync"
+        );
         // Several changes before one sync: the sync names their net effect.
         self.addresses_changed = match self.addresses_changed.take() {
             Some(earlier) => earlier.then(change),
@@ -1457,16 +1482,18 @@ impl<M: NodeModel> LoopState<M> {
             servers
                 .sync(&wanted(snapshot, &self.families), &addresses)
                 .await;
-            return;
-        }
-        let mut changes = BTreeMap::new();
-        for key in diff.changes.keys() {
-            if !changes.contains_key(&key.service) {
-                let check = wanted_for(snapshot, &key.service, &self.families);
-                changes.insert(key.service.clone(), check);
+        } else {
+            let mut changes = BTreeMap::new();
+            for key in diff.changes.keys() {
+                if !changes.contains_key(&key.service) {
+                    let check = wanted_for(snapshot, &key.service, &self.families);
+                    changes.insert(key.service.clone(), check);
+                }
             }
+            servers.update(changes, &addresses).await;
         }
-        servers.update(changes, &addresses).await;
+        // A family listening nowhere, once a check needs it (the checks are walked only then).
+        listen.warn_unserved(|| servers.families_in_use());
     }
 
     fn record_model_gauges(&self) {

@@ -80,6 +80,30 @@ fn wildcard(family: Family) -> IpAddr {
 }
 
 impl HealthCheckAddresses {
+    /// Whether no health check may be served on `node`: with checks on the node IPs and none
+    /// known (before `--node-ips-wait` moves NodePorts to every local address), the NodePorts
+    /// are not served either ([`ListenAddresses::serves_nothing`]).
+    pub fn serves_nothing(&self, node: &kpng_model::NodeState) -> bool {
+        matches!(self, HealthCheckAddresses::NodeIps)
+            && node.ips.is_empty()
+            && !node.nodeports_on_all_local
+    }
+
+    /// Where the checks listen on `node` for `families`, with the node's interface addresses
+    /// `local` (none when [`HealthCheckAddresses::serves_nothing`]): what `kpng trace` says is
+    /// answered, the same choice as the servers'.
+    pub fn listening_on(
+        &self,
+        families: &[Family],
+        node: &kpng_model::NodeState,
+        local: impl FnOnce() -> Vec<IpAddr>,
+    ) -> Vec<IpAddr> {
+        if self.serves_nothing(node) {
+            return Vec::new();
+        }
+        self.choose(families, &node.ips, local).addresses
+    }
+
     /// Whether the choice depends on the node's interface addresses, which change without
     /// any Kubernetes event (read again at full, node and periodic syncs, as the backends).
     pub fn reads_local_addresses(&self) -> bool {
@@ -165,6 +189,8 @@ pub struct ListenAddresses {
     setting: HealthCheckAddresses,
     local_addresses: LocalAddresses,
     last: Option<Chosen>,
+    /// The families last warned of as listening nowhere ([`ListenAddresses::warn_unserved`]).
+    warned_unmatched: Vec<Family>,
 }
 
 impl ListenAddresses {
@@ -179,6 +205,7 @@ impl ListenAddresses {
             setting,
             local_addresses,
             last: None,
+            warned_unmatched: Vec::new(),
         }
     }
 
@@ -187,9 +214,7 @@ impl ListenAddresses {
     /// are not served either, and a check answering 200 would draw a load balancer's traffic
     /// to a node that drops it.
     pub fn serves_nothing(&self, node: &kpng_model::NodeState) -> bool {
-        matches!(self.setting, HealthCheckAddresses::NodeIps)
-            && node.ips.is_empty()
-            && !node.nodeports_on_all_local
+        self.setting.serves_nothing(node)
     }
 
     /// Reads the node's interface addresses with `read` instead (tests).
@@ -224,7 +249,42 @@ impl ListenAddresses {
         (addresses, changed)
     }
 
-    /// Logs what changed in the choice: a fallback, a family served nowhere, a move.
+    /// Warns of the families whose `--nodeport-addresses` CIDRs match no address of the node
+    /// and that some Service's check has (`in_use`, asked only when some family listens
+    /// nowhere): those checks are not served on that family. Once, and again when the
+    /// families change; returns the families newly warned of.
+    pub fn warn_unserved(&mut self, in_use: impl FnOnce() -> ServiceFamilies) -> Vec<Family> {
+        let unmatched = self.last.as_ref().map_or(&[][..], |l| &l.unmatched[..]);
+        let now: Vec<Family> = if unmatched.is_empty() {
+            Vec::new()
+        } else {
+            let in_use = in_use();
+            unmatched
+                .iter()
+                .copied()
+                .filter(|f| in_use.contains(*f))
+                .collect()
+        };
+        if now == self.warned_unmatched {
+            return Vec::new();
+        }
+        self.warned_unmatched = now.clone();
+        if !now.is_empty() {
+            let names = now
+                .iter()
+                .map(|f| f.label())
+                .collect::<Vec<_>>()
+                .join(" and ");
+            warn!(
+                "no {names} address of the node is inside --nodeport-addresses: the {names} \
+                 Service health checks do not listen anywhere (`kpng status` shows them NOT \
+                 SERVED), and a load balancer probing this node over {names} sees it down"
+            );
+        }
+        now
+    }
+
+    /// Logs what changed in the choice: a fallback, a move.
     fn report(&self, before: Option<&Chosen>, now: &Chosen) {
         let names = |families: &[Family]| {
             families
@@ -240,14 +300,8 @@ impl ListenAddresses {
                 names(&now.unread)
             );
         }
-        if !now.unmatched.is_empty() && before.is_none_or(|b| b.unmatched != now.unmatched) {
-            warn!(
-                "no {} address of the node is inside --nodeport-addresses: Service health \
-                 checks do not listen on {}",
-                names(&now.unmatched),
-                names(&now.unmatched)
-            );
-        }
+        // A family listening nowhere is warned of by `warn_unserved`, once a Service's check
+        // has that family (until 2026-12-07 it was warned here, even with no such check).
         if let Some(before) = before
             && before.addresses != now.addresses
             && self.setting.reads_local_addresses()
@@ -504,6 +558,8 @@ async fn answer(State(shared): State<Shared>, Extension(probed): Extension<Probe
 
 struct Running {
     port: u16,
+    /// The Service's families: where its check is wanted ([`ServiceFamilies::select`]).
+    families: ServiceFamilies,
     /// Where the check is wanted (sorted); none when no address of the node is inside
     /// `--nodeport-addresses`.
     addresses: Vec<IpAddr>,
@@ -713,7 +769,9 @@ impl ServiceHealthServers {
 
     /// What this node tells a load balancer probing `service`'s health check on an address of
     /// `family` now: the status code and the local endpoint count of that family its server
-    /// answers with, or why it is not served. `None` when the Service has no health check here.
+    /// answers with, or why it is not served: also when it listens on no address of `family`
+    /// (the CIDRs of `--nodeport-addresses` match only another family's), where a probe is
+    /// refused. `None` when the Service has no health check here.
     pub fn answer(&self, service: &ServiceKey, family: Family) -> Option<HealthCheckAnswer> {
         let failed = self.not_started.get(service);
         let Some(running) = self.running.get(service) else {
@@ -730,12 +788,20 @@ impl ServiceHealthServers {
             .recent(std::time::Instant::now(), RECENT_REFUSALS)
             .map(|(total, ago)| (total, ago.as_secs()));
         let local_endpoints = self.counts().get(service).map_or(0, |c| c.get(family));
-        if running.addresses.is_empty() {
+        // Per family, as a load balancer probes one address: a dual-stack Service whose
+        // CIDRs match only an IPv4 address of the node has no IPv6 listener, and a probe on
+        // IPv6 is refused whatever the IPv4 listener answers.
+        if !running.addresses.iter().any(|ip| Family::of(ip) == family) {
+            let why = if running.addresses.is_empty() {
+                NO_ADDRESS.to_string()
+            } else {
+                format!("no {family} address of the node is inside --nodeport-addresses")
+            };
             return Some(HealthCheckAnswer {
                 port: running.port,
                 status: None,
                 local_endpoints,
-                not_served: Some(NO_ADDRESS.to_string()),
+                not_served: Some(why),
                 refused_connections,
             });
         }
@@ -747,6 +813,16 @@ impl ServiceHealthServers {
             not_served: failed.map(|f| f.error.clone()),
             refused_connections,
         })
+    }
+
+    /// The families of the wanted checks (served or not): whether a family that listens
+    /// nowhere leaves some check unserved.
+    pub fn families_in_use(&self) -> ServiceFamilies {
+        self.running
+            .values()
+            .map(|r| r.families)
+            .chain(self.not_started.values().map(|n| n.check.families))
+            .fold(ServiceFamilies::default(), ServiceFamilies::union)
     }
 
     /// The wanted checks that are not served, in Service order.
@@ -824,6 +900,9 @@ impl ServiceHealthServers {
                 // close, the others keep serving (and their connections), the new ones are
                 // bound below.
                 let own = check.map_or_else(Vec::new, |c| c.families.select(&addresses));
+                if let (Some(r), Some(c)) = (self.running.get_mut(&key), check) {
+                    r.families = c.families;
+                }
                 if let Some(r) = self.running.get_mut(&key)
                     && r.addresses != own
                 {
@@ -865,6 +944,7 @@ impl ServiceHealthServers {
                 let own = check.families.select(&addresses);
                 Running {
                     port: check.port,
+                    families: check.families,
                     nowhere_since: own.is_empty().then(SystemTime::now),
                     unbound: own.clone(),
                     addresses: own,

@@ -2055,6 +2055,28 @@ pub fn health_check_listens_on_the_node_port_addresses(b: Backend) {
             .is_err(),
         "{lan} answers: it is outside --nodeport-addresses"
     );
+    // `kpng trace` says the same: answered where the check listens, refused on the LAN
+    // address (until 2026-12-07 it said kpng answered on any of the node's addresses).
+    let trace = |to: String| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kpng"))
+            .args(["trace", "--from", &addr::EXT_V4.to_string(), "--to", &to])
+            .arg("--admin-socket")
+            .arg(k.admin_socket())
+            .output()
+            .expect("kpng trace");
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let on_gateway = trace(gateway.clone());
+    assert!(
+        on_gateway.contains("kpng's health-check server answers it on the node"),
+        "{on_gateway}"
+    );
+    let on_lan = trace(format!("{}:32161", addr::NODE1_LAN_V4));
+    assert!(
+        on_lan.contains("but the Service health checks do not listen on it")
+            && on_lan.contains("the client is refused (ECONNREFUSED)"),
+        "{on_lan}"
+    );
     // An address added inside the CIDR is listened on at the next periodic sync…
     c.node1
         .ns

@@ -75,6 +75,7 @@ fn facts() -> NodeFacts {
         backend: BackendTraits::default(),
         local_sockets: LocalSockets::default(),
         localhost_not_served: None,
+        health_check_ips: None,
     }
 }
 
@@ -1615,5 +1616,105 @@ fn a_port_missing_from_the_endpoints_is_named() {
         );
         assert_eq!(t.verdict, Verdict::Reject, "{what}: {t:?}");
         assert_eq!(t.reason, says, "{what}");
+    }
+}
+
+/// The health-check node port is answered only where the checks listen: the node-port
+/// addresses of a family `--nodeport-addresses` restricts (loopback too when a CIDR holds it),
+/// every local address (the wildcard) of one it does not. Elsewhere nothing listens and the
+/// client is refused, as for a NodePort on such an address (until 2026-12-07 the trace said
+/// any of the node's addresses answered).
+#[test]
+fn the_health_check_port_is_answered_only_where_the_checks_listen() {
+    let answered = "kpng's health-check server answers it on the node";
+    let refused = "but the Service health checks do not listen on it";
+    // (what, listen addresses (None: not said), destination, wanted words)
+    type Case<'a> = (&'a str, Option<&'a [&'a str]>, &'a str, &'a [&'a str]);
+    let cases: [Case; 9] = [
+        (
+            "in the CIDRs",
+            Some(&["172.18.0.2"]),
+            "172.18.0.2",
+            &[answered],
+        ),
+        (
+            "outside the CIDRs (another NIC)",
+            Some(&["172.18.0.2"]),
+            "10.45.3.1",
+            &[
+                refused,
+                "(--nodeport-addresses 172.18.0.0/24: they listen on 172.18.0.2)",
+                "the client is refused (ECONNREFUSED)",
+            ],
+        ),
+        (
+            "loopback outside the CIDRs",
+            Some(&["172.18.0.2"]),
+            "127.0.0.1",
+            &[refused],
+        ),
+        (
+            "loopback inside a CIDR",
+            Some(&["127.0.0.1", "172.18.0.2"]),
+            "127.0.0.1",
+            &[answered],
+        ),
+        (
+            "a family not restricted: the wildcard, loopback included",
+            Some(&["0.0.0.0"]),
+            "127.0.0.1",
+            &[answered],
+        ),
+        (
+            "the wildcard of the other family only",
+            Some(&["::"]),
+            "10.45.3.1",
+            &[refused, "they listen on no IPv4 address"],
+        ),
+        (
+            "the CIDRs match no address: nowhere",
+            Some(&[]),
+            "172.18.0.2",
+            &[refused, "they listen on no IPv4 address"],
+        ),
+        (
+            "an IPv6 listener does not answer IPv4",
+            Some(&["fd45:2::1"]),
+            "172.18.0.2",
+            &[refused, "they listen on no IPv4 address"],
+        ),
+        (
+            "not said: every local address",
+            None,
+            "10.45.3.1",
+            &[answered],
+        ),
+    ];
+    for (what, listen, to, want) in cases {
+        let mut facts = facts();
+        facts.nodeport_setting = "172.18.0.0/24".into();
+        facts
+            .local_ips
+            .extend(["10.45.3.1", "127.0.0.1"].map(|ip| ip.parse::<IpAddr>().expect("ip")));
+        facts.health_check_ips =
+            listen.map(|l| l.iter().map(|ip| ip.parse().expect("ip")).collect());
+        let mut w = web();
+        w.health_check_node_port = Some(32010);
+        let mut snap = snapshot(vec![w]);
+        snap.service_cidrs.clear();
+        let t = trace(
+            &snap,
+            &facts,
+            &TraceQuery {
+                from: "203.0.113.1".parse().expect("ip"),
+                to: SocketAddr::new(to.parse().expect("ip"), 32010),
+                protocol: Protocol::Tcp,
+                in_interface: None,
+            },
+        );
+        assert_eq!(t.verdict, Verdict::Accept, "{what}: {t:?}");
+        for w in want {
+            assert!(t.reason.contains(w), "{what}: {:?} lacks {w:?}", t.reason);
+        }
     }
 }

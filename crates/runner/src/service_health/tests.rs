@@ -1075,3 +1075,98 @@ async fn the_wildcard_listeners_answer_with_their_family_s_endpoints() {
         assert_eq!(status, want, "GET on {ip}");
     }
 }
+
+/// A dual-stack Service whose `--nodeport-addresses` CIDRs match only an IPv4 address of the
+/// node listens on IPv4 only: `kpng status` must say its IPv6 check is not served (a probe on
+/// IPv6 is refused), not what the IPv4 listener answers (until 2026-12-07 it said "answers
+/// 200" on the IPv6 row, and `--problems` saw no problem).
+#[tokio::test]
+async fn a_family_without_a_listener_is_not_served_on_that_family() {
+    let key = ServiceKey::new("edge", "half");
+    // (listen addresses, family asked, status wanted, reason wanted)
+    type Case<'a> = (&'a [&'a str], Family, Option<u16>, Option<&'a str>);
+    let cases: [Case; 5] = [
+        (&["127.0.0.1"], Family::V4, Some(200), None),
+        (
+            &["127.0.0.1"],
+            Family::V6,
+            None,
+            Some("no IPv6 address of the node is inside --nodeport-addresses"),
+        ),
+        (
+            &["::1"],
+            Family::V4,
+            None,
+            Some("no IPv4 address of the node is inside --nodeport-addresses"),
+        ),
+        (&["127.0.0.1", "::1"], Family::V6, Some(200), None),
+        (&[], Family::V6, None, Some(NO_ADDRESS)),
+    ];
+    for (addresses, family, status, why) in cases {
+        // A port per case: the last case's listener may still be closing.
+        let check = HealthCheck {
+            port: free_port(),
+            local_endpoints: LocalEndpoints::both(1),
+            families: ServiceFamilies::BOTH,
+        };
+        let (mut hc, _) = servers(true);
+        hc.sync(&BTreeMap::from([(key.clone(), check)]), &ips(addresses))
+            .await;
+        let answer = hc.answer(&key, family).expect("an answer");
+        assert_eq!(
+            (answer.status, answer.not_served.as_deref()),
+            (status, why),
+            "{addresses:?}, asked for {family:?}"
+        );
+        assert_eq!(answer.local_endpoints, 1, "{addresses:?}, {family:?}");
+    }
+}
+
+/// A family whose `--nodeport-addresses` CIDRs match no address of the node is warned of
+/// only once a Service's check has that family, once per change: an IPv6 address leaving the
+/// node (link down) warned that "health checks do not listen on IPv6" with no IPv6 check.
+#[test]
+fn a_family_listening_nowhere_is_warned_of_only_when_a_check_needs_it() {
+    let mut listen = ListenAddresses::new(HealthCheckAddresses::Cidrs(vec![
+        "10.0.0.0/8".parse().expect("cidr"),
+        "fd00:9::/64".parse().expect("cidr"),
+    ]))
+    .with_local_addresses(Box::new(|| ips(&["10.1.2.3", "fd00:1::1"])));
+    let _ = listen.at_sync(&Family::ALL, &[], true);
+    let v4 = ServiceFamilies::of(Family::V4);
+    assert_eq!(listen.warn_unserved(|| v4), [], "IPv4 checks only: nothing");
+    assert_eq!(listen.warn_unserved(|| v4), [], "still nothing");
+    assert_eq!(
+        listen.warn_unserved(|| ServiceFamilies::BOTH),
+        [Family::V6],
+        "a dual-stack check arrives"
+    );
+    assert_eq!(
+        listen.warn_unserved(|| ServiceFamilies::BOTH),
+        [],
+        "warned once"
+    );
+    assert_eq!(listen.warn_unserved(|| v4), [], "it left: nothing to warn");
+    assert_eq!(
+        listen.warn_unserved(|| ServiceFamilies::BOTH),
+        [Family::V6],
+        "it came back: warned again"
+    );
+}
+
+/// The families in use are those of every wanted check, served or not.
+#[tokio::test]
+async fn the_families_in_use_are_the_wanted_checks() {
+    let (mut hc, _) = servers(true);
+    assert_eq!(hc.families_in_use(), ServiceFamilies::default());
+    let check = |family| HealthCheck {
+        port: free_port(),
+        local_endpoints: LocalEndpoints::of(family, 1),
+        families: ServiceFamilies::of(family),
+    };
+    let wanted = BTreeMap::from([(ServiceKey::new("edge", "v6"), check(Family::V6))]);
+    hc.sync(&wanted, &ips(&["127.0.0.1"])).await;
+    assert_eq!(hc.families_in_use(), ServiceFamilies::of(Family::V6));
+    hc.sync(&BTreeMap::new(), &ips(&["127.0.0.1"])).await;
+    assert_eq!(hc.families_in_use(), ServiceFamilies::default());
+}
