@@ -1333,6 +1333,10 @@ pub struct Hub {
 /// node that stopped reading (its interval and timeout, a minute).
 pub const DEFAULT_LAG_WARNING: Duration = Duration::from_secs(10);
 
+/// The most nodes named per look for falling behind (and, apart, for catching up); the rest
+/// are one line with their number.
+const LAG_LINES_PER_CHECK: usize = 5;
+
 /// A registered watcher; unregisters when dropped.
 #[derive(Debug)]
 pub struct Registration {
@@ -1500,6 +1504,10 @@ impl Hub {
         let state = self.lock();
         let now = SystemTime::now();
         let mut lags: BTreeMap<String, f64> = BTreeMap::new();
+        // A stall of the brain itself puts every node behind at once: the first few are
+        // named, the rest summed up in one line (5,000 nodes were 5,000 lines, then as many
+        // again as they caught up).
+        let (mut fell_behind, mut caught_up) = (0usize, 0usize);
         for w in state.watchers.values() {
             if w.slot.lock().refused.is_some() {
                 // Refused (a name no Node has): its stream ends, it is not behind.
@@ -1513,6 +1521,10 @@ impl Hub {
                 None if lag >= self.lag_warning && !self.lag_warning.is_zero() => {
                     stats.behind_since = stats.pending_since;
                     drop(stats);
+                    fell_behind += 1;
+                    if fell_behind > LAG_LINES_PER_CHECK {
+                        continue;
+                    }
                     tracing::warn!(
                         node = %w.node_name,
                         peer = %peer_or_unknown(&w.peer),
@@ -1528,6 +1540,10 @@ impl Hub {
                 }
                 Some(since) if lag < self.lag_warning => {
                     stats.behind_since = None;
+                    caught_up += 1;
+                    if caught_up > LAG_LINES_PER_CHECK {
+                        continue;
+                    }
                     let behind = now.duration_since(since).unwrap_or_default();
                     tracing::info!(
                         node = %w.node_name,
@@ -1540,6 +1556,22 @@ impl Hub {
                 _ => {}
             }
         }
+        if let Some(more) = fell_behind
+            .checked_sub(LAG_LINES_PER_CHECK)
+            .filter(|&n| n > 0)
+        {
+            tracing::warn!(
+                "{more} more nodes are falling behind (behind for {} or more; `kpng status` \
+                 lists them, kpng_api_node_lag_seconds has each)",
+                humantime::format_duration(self.lag_warning)
+            );
+        }
+        if let Some(more) = caught_up
+            .checked_sub(LAG_LINES_PER_CHECK)
+            .filter(|&n| n > 0)
+        {
+            tracing::info!("{more} more nodes caught up");
+        }
         lags
     }
 
@@ -1551,10 +1583,8 @@ impl Hub {
         let mut out: Vec<DisconnectedNode> = state
             .disconnected
             .iter()
-            .filter(|(name, _)| {
-                state.cluster.node(name).is_some()
-                    && !state.watchers.values().any(|w| &w.node_name == *name)
-            })
+            // A name is taken out of `disconnected` when it registers again.
+            .filter(|(name, _)| state.cluster.node(name).is_some())
             .map(|(name, left)| DisconnectedNode {
                 node: name.clone(),
                 since: humantime::format_rfc3339_millis(left.at).to_string(),

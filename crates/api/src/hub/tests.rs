@@ -1362,6 +1362,39 @@ fn the_brains_report_is_sent_again_when_its_rejections_change_but_not_their_numb
     assert!(!ready(&n1), "the same report is not sent again");
 }
 
+/// A stall of the brain itself puts every node behind at once: the first few are named, the
+/// rest are one line with their number, and so are their catch-ups (5,000 nodes were 5,000
+/// warnings, then 5,000 INFO lines).
+#[test]
+fn many_nodes_falling_behind_at_once_are_a_few_lines() {
+    let (logs, _default) = Logs::capture();
+    let hub = Arc::new(
+        Hub::new(
+            ClusterModel::new(ClusterConfig::default()),
+            crate::metrics::ApiMetrics::default(),
+        )
+        .with_lag_warning(Duration::from_millis(20)),
+    );
+    hub.apply(fixtures::cluster_event());
+    let watchers: Vec<Registration> = (0..8).map(|_| hub.register("n1")).collect();
+    for reg in &watchers {
+        next(reg);
+    }
+    hub.apply(service_named("late", "10.96.0.77", "TCP"));
+    std::thread::sleep(Duration::from_millis(40));
+    hub.refresh_node_gauges();
+    let text = logs.text();
+    assert_eq!(text.matches("is falling behind: ").count(), 5, "{text}");
+    assert!(text.contains("3 more nodes are falling behind"), "{text}");
+    for reg in &watchers {
+        next(reg);
+    }
+    hub.refresh_node_gauges();
+    let text = logs.text();
+    assert_eq!(text.matches("\" caught up: ").count(), 5, "{text}");
+    assert!(text.contains("3 more nodes caught up"), "{text}");
+}
+
 /// A node that stops taking its changes is measured (`kpng_api_node_lag_seconds{node}`, a
 /// series only for the cluster's connected Nodes), warned about once when it has been behind
 /// for the threshold, and said at INFO to have caught up when it took them. Until 2026-12-07
